@@ -1,0 +1,63 @@
+// Package gcra is the generic cell rate algorithm as Meridian uses it: pure
+// functions of an explicit now, with no clock, no I/O and no dependencies
+// beyond the standard library. The stores (gcra/memstore, gcra/redisstore)
+// and the simulator all decide through it.
+//
+// # Model
+//
+// A Limit admits one event every T microseconds (the emission interval,
+// Period/Rate rounded up to whole µs) with Burst events back to back after
+// idle. A key's state is its theoretical arrival time (TAT) in µs. A request
+// of cost n at now is admitted iff newTAT − now ≤ Burst·T, where
+// newTAT = max(TAT, now) + n·T; then TAT becomes newTAT. A denial never moves
+// the TAT, and its RetryAfter is exact: newTAT − Burst·T − now. A cost above
+// Burst can never be admitted and is reported as Result.TooLarge with
+// RetryAfter Never; n is compared with Burst before any multiplication, so no
+// cost overflows. Cost 0 peeks and writes nothing. Remaining is
+// floor((Burst·T − (TAT − now))/T) clamped to [0, Burst], exact (no
+// off-by-one). The zero Limit denies everything and writes nothing.
+//
+// Reserve books the next slot instead of refusing an early request, when the
+// wait is at most maxWait. DecideAll checks several limits all or nothing.
+//
+// # Limit changes keep tokens
+//
+// A region's limit for a key changes whenever the coordinator changes its
+// share. The caller passes a Schedule: the limit in force with its epoch and
+// effective time, and the limit it replaced. The store chooses between them
+// by its own clock, so all agents of a region switch a key at the same
+// instant, and converts the stored state lazily, at the key's next request,
+// evaluating the conversion at the effective time: the key keeps the tokens
+// it had then, clamped to the new burst (an increase adds capacity and
+// refill rate, never tokens; booked reservations stay booked as debt). A key
+// with no state holds the previous limit's full burst at the change; state
+// older than the previous change counts as empty at that change and refills
+// at the previous limit's rate. State written under a newer epoch than the
+// caller knows is used as stored and keeps its tag: it is never converted
+// back. Conversions round credit down and debt up, so the available tokens
+// of a key never rise at a transition.
+//
+// Nothing is rewritten in bulk when shares change, and a key costs no
+// memory beyond its one integer: each state carries the low 16 bits of the
+// epoch it was written under (EpochTag), and the Redis store packs the TAT
+// modulo 2^37 µs with that tag into one integer below 2^53 (see Pack). Tags
+// compare by serial-number arithmetic, which is exact as long as no key's
+// state lives while its epoch advances by 2^15 or more. A key lives at most
+// MaxWindow after its last write, so callers keep the bound by passing, per
+// key, the epoch at which that key's limit last changed (which moves only
+// when its share moves), or by issuing fewer than 2^15 table epochs per
+// MaxWindow. Should the bound be broken, a stale tag is read as current or
+// newer and the key is decided from its stored TAT without conversion: the
+// error is bounded by one burst of that key.
+//
+// # Errors
+//
+// Bad input — a negative cost or maxWait, an invalid limit, an empty or
+// oversized key — is an error and changes nothing. A denial is never an
+// error.
+//
+// # Concurrency
+//
+// Everything here is a pure function of its arguments or an immutable
+// value; all of it is safe for concurrent use.
+package gcra
