@@ -1,0 +1,64 @@
+// Package memstore is a concurrent in-memory gcra.Store: the embedded
+// default of a single agent and the store the simulator decides through.
+//
+// # Model
+//
+// The store keeps one gcra.State per key and decides every request with
+// gcra.Decide, gcra.Reserve or gcra.DecideAll; it holds no GCRA arithmetic of
+// its own. It writes the state those functions return only when they say to,
+// so a denial, a peek (cost 0) or bad input never changes a key. Bad input —
+// a negative cost or maxWait, an invalid schedule, an invalid key or handle —
+// is an error; a denial is a gcra.Result.
+//
+// Time is an int64 count of microseconds. The gcra.Store methods (Decide,
+// Reserve, DecideAll) read Config.Clock; the hot-path methods (DecideAt,
+// ReserveAt, DecideAllAt) take now from the caller, as the simulator's
+// virtual clock does. Use one timeline per store: automatic sweeps run at the
+// latest now a shard has seen. A now earlier than a key's last decision is
+// decided conservatively by GCRA (the key looks less rested), except that a
+// key already evicted at a later now is forgotten.
+//
+// # Handles
+//
+// Intern validates a key once and returns a Handle, a pointer-sized value
+// that reaches the key's state without hashing it. The *At methods take
+// handles and allocate nothing once the key exists. A handle stays valid for
+// the life of its Store: when its key is evicted, the next call through the
+// handle re-finds the key's live entry, or re-creates it as rested (which can
+// fail with ErrFull when the store is full). If another path re-created the
+// key first, each call through the old handle costs one map lookup; Intern
+// again to get the direct path back. A handle is bound to the Store that
+// made it; the zero Handle and a handle from another Store are errors.
+//
+// # Eviction
+//
+// A key whose TAT is at or before now is rested, and a rested key decides
+// exactly like a missing one under a steady schedule, so the store drops it.
+// Under a limit change, gcra counts a missing key as holding the previous
+// limit's full burst at the change, clamped to the new limit's burst — never
+// more; that is what a key rested before the change holds, and what a Redis
+// key that expired at rest holds. Dropping is therefore exact for a key that
+// was rested when its limit changed. For a key still refilling when a lower
+// rate took effect and rested since, dropping forgives the deficit it carried
+// over (at most the previous limit's burst), as Redis expiry does.
+//
+// Eviction is amortized and inline; the store runs no goroutine. A shard
+// sweeps itself, at the latest now it has seen, whenever its map has grown to
+// max(1024, 2 × its size after its previous sweep), and after a sweep that
+// removed most of its keys it copies the survivors into a new, smaller map so
+// the memory is returned. Sweep sweeps every shard at an explicit now. Keys
+// that were interned or decided but never written hold no state and are
+// swept at any now. Config.MaxKeys caps the number of keys: each shard holds
+// at most MaxKeys/Shards; creating a key in a full shard sweeps it first and,
+// if it is still full, fails with ErrFull and decides nothing — the caller's
+// failure policy decides.
+//
+// # Concurrency
+//
+// A Store is safe for concurrent use by many goroutines. Keys are hashed
+// (hash/maphash, with a seed per store) onto Config.Shards shards, each with
+// its own mutex and map, so decisions on keys in different shards never
+// contend. A composite decision locks the distinct shards it touches in
+// ascending order, so composites cannot deadlock one another, and decides
+// all of its keys while holding them: it writes every key or none.
+package memstore

@@ -1,0 +1,153 @@
+package memstore
+
+import (
+	"math"
+	"strings"
+	"sync"
+
+	"github.com/meridian-quota/meridian/gcra"
+)
+
+// entry is one key's state. key and sh never change; the other fields are
+// guarded by sh.mu.
+type entry struct {
+	key gcra.Key
+	sh  *shard
+	st  gcra.State
+	// dead marks an entry evicted from sh.m; handles to it re-find or
+	// revive their key.
+	dead bool
+	// pinned marks an entry held by a composite decision in progress;
+	// sweeps keep it.
+	pinned bool
+}
+
+// shard is one lock's worth of keys. Padded to two cache lines so that
+// neighbouring shards' locks do not share one.
+type shard struct {
+	mu    sync.Mutex
+	m     map[gcra.Key]*entry
+	owner *Store
+	index int
+	// limit is the most keys the shard holds (MaxKeys/Shards).
+	limit int
+	// sweepAt is the map size at which the shard next sweeps itself.
+	sweepAt int
+	// restBound is a lower bound on the earliest now at which a sweep can
+	// drop anything (math.MinInt64 when an entry holds no state).
+	restBound int64
+	// latest is the latest now a decision on this shard has used; automatic
+	// sweeps run at it.
+	latest int64
+	_      [64]byte
+}
+
+// observe records that a decision runs at now.
+func (sh *shard) observe(now int64) {
+	if now > sh.latest {
+		sh.latest = now
+	}
+}
+
+// put stores a state gcra said to write.
+func (sh *shard) put(e *entry, st gcra.State) {
+	e.st = st
+	if st.TAT < sh.restBound {
+		sh.restBound = st.TAT
+	}
+}
+
+// find returns k's live entry, creating it with no state if needed.
+func (sh *shard) find(k gcra.Key) (*entry, error) {
+	if e, ok := sh.m[k]; ok {
+		return e, nil
+	}
+	if err := sh.room(); err != nil {
+		return nil, err
+	}
+	e := &entry{key: cloneKey(k), sh: sh}
+	sh.m[e.key] = e
+	sh.restBound = math.MinInt64
+	return e, nil
+}
+
+// live returns the live entry for e's key: e itself unless it was evicted,
+// then the key's current entry, or e revived with no state.
+func (sh *shard) live(e *entry) (*entry, error) {
+	if !e.dead {
+		return e, nil
+	}
+	if cur, ok := sh.m[e.key]; ok {
+		return cur, nil
+	}
+	if err := sh.room(); err != nil {
+		return nil, err
+	}
+	e.dead = false
+	e.st = gcra.State{}
+	sh.m[e.key] = e
+	sh.restBound = math.MinInt64
+	return e, nil
+}
+
+// room makes room for one more key: it sweeps when the map has grown to
+// sweepAt or is full, and reports ErrFull if it is still full.
+func (sh *shard) room() error {
+	if n := len(sh.m); n >= sh.sweepAt || n >= sh.limit {
+		sh.sweep(sh.latest)
+	}
+	if len(sh.m) >= sh.limit {
+		return ErrFull
+	}
+	return nil
+}
+
+// sweep drops the entries rested at now (or holding no state), except
+// pinned ones, and returns how many it dropped. After dropping most of the
+// map it copies the survivors into a new map, so that the old one's memory
+// is released.
+func (sh *shard) sweep(now int64) int {
+	before := len(sh.m)
+	removed := 0
+	if now >= sh.restBound {
+		bound := int64(math.MaxInt64)
+		for k, e := range sh.m {
+			switch {
+			case e.pinned:
+				if !e.st.Exists {
+					bound = math.MinInt64
+				} else {
+					bound = min(bound, e.st.TAT)
+				}
+			case !e.st.Exists || e.st.TAT <= now:
+				delete(sh.m, k)
+				e.dead = true
+				removed++
+			default:
+				bound = min(bound, e.st.TAT)
+			}
+		}
+		sh.restBound = bound
+	}
+	after := before - removed
+	if removed > after {
+		m := make(map[gcra.Key]*entry, after)
+		for k, e := range sh.m {
+			m[k] = e
+		}
+		sh.m = m
+	}
+	sh.sweepAt = max(minSweep, 2*after)
+	return removed
+}
+
+// cloneKey copies k's strings into one allocation, so that a stored key
+// does not keep a caller's larger buffer alive.
+func cloneKey(k gcra.Key) gcra.Key {
+	var b strings.Builder
+	b.Grow(len(k.Tag) + len(k.Name))
+	b.WriteString(k.Tag)
+	b.WriteString(k.Name)
+	s := b.String()
+	return gcra.Key{Tag: s[:len(k.Tag)], Name: s[len(k.Tag):]}
+}
