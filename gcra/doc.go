@@ -35,7 +35,24 @@
 // at the previous limit's rate. State written under a newer epoch than the
 // caller knows is used as stored and keeps its tag: it is never converted
 // back. Conversions round credit down and debt up, so the available tokens
-// of a key never rise at a transition.
+// of a key never rise at a transition. Debt carried across a change is capped
+// at 2^39 µs (about six days), where a key is blocked far past MaxWindow
+// anyway.
+//
+// # Dropping rested keys
+//
+// A store may drop a key once its state's Rested time has passed (Redis
+// expires it, memstore sweeps it): from then on a missing key never holds
+// more than the state would. Rested is the TAT, unless the write happened
+// under the previous limit of a change still pending and the key will still
+// be refilling at the change; then it is the later of the TAT and the
+// converted TAT, so a key short of tokens at a rate cut cannot expire and
+// come back with the previous limit's full burst. What this cannot cover is
+// a change the writer did not know of yet: a key written before its region
+// learned of a change, still refilling at the change, and not touched again
+// before it expires, comes back holding min(previous burst, new burst) at the
+// change — at most one burst per key per change. Announcing each change at
+// least one previous window (Burst·T) before its effective time removes it.
 //
 // Nothing is rewritten in bulk when shares change, and a key costs no
 // memory beyond its one integer: each state carries the low 16 bits of the

@@ -9,8 +9,16 @@ import (
 // State is what a store keeps for one key: the theoretical arrival time and
 // the epoch tag of the limit it was written under. Exists is false for a key
 // with no state (never written, or expired once rested).
+//
+// Rested is set on the states Decide, Reserve and DecideAll return for
+// writing: the instant (µs) from which the key holds its full burst under
+// every limit its schedule names, including a change still pending at the
+// write. From then on a missing key decides exactly like this state, so a
+// store may drop it (Redis: PX). Stores that keep one integer per key do not
+// store Rested; the expiry carries it.
 type State struct {
 	TAT    int64  // theoretical arrival time, µs on the store's clock
+	Rested int64  // µs; see above. Not part of Pack.
 	Epoch  uint16 // EpochTag of the limit the state was written under
 	Exists bool
 }
@@ -149,7 +157,7 @@ func Decide(st State, now int64, s *Schedule, n int64) (State, bool, Result, err
 	if !r.Allowed || n == 0 {
 		return st, false, r, nil
 	}
-	return State{TAT: next, Epoch: s.writeTag(st, v), Exists: true}, true, r, nil
+	return s.written(st, v, next), true, r, nil
 }
 
 // Reserve books the next slot for a request of cost n at now if the wait
@@ -196,14 +204,16 @@ func Reserve(st State, now int64, s *Schedule, n, maxWait int64) (State, bool, R
 	if n == 0 {
 		return st, false, r, nil
 	}
-	return State{TAT: next, Epoch: s.writeTag(st, v), Exists: true}, true, r, nil
+	return s.written(st, v, next), true, r, nil
 }
 
 // DecideAll decides several limits together, all or nothing: every check is
 // evaluated at now against its own state; if all admit, next receives the
 // states to write and write is true; if any denies, nothing is to be written.
-// out receives each check's own result (as if decided alone, except that
-// Allowed is false for all when any denies). The combined Result is returned:
+// out receives each check's own result: as if decided alone when all admit;
+// when any denies, Allowed is false for all, and a limit that would have
+// admitted reports its untouched state (nothing was consumed). The combined
+// Result, folded from out by Combine, is returned:
 // Allowed when all allow, TooLarge when any is too large, RetryAfter the
 // largest retry-after, Remaining the smallest, ResetAfter the largest, and
 // Limit the limit that bound the decision.
@@ -244,7 +254,7 @@ func DecideAll(now int64, checks []Check, states, next []State, out []Result) (R
 			}
 			next[i] = states[i]
 		}
-		return all, false, nil
+		return Combine(out), false, nil
 	}
 	return all, write, nil
 }

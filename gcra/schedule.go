@@ -53,6 +53,10 @@ func (s *Schedule) Validate() error {
 		if err := s.Previous.Limit.validate(); err != nil {
 			errs = append(errs, fmt.Errorf("previous limit %s: %w", s.Previous.Limit, err))
 		}
+		if EpochTag(s.Previous.Epoch) == EpochTag(s.Current.Epoch) {
+			errs = append(errs, fmt.Errorf("previous epoch %d and current epoch %d: their low 16 bits (epoch tags) must differ",
+				s.Previous.Epoch, s.Current.Epoch))
+		}
 		if s.Previous.Effective > s.Current.Effective {
 			errs = append(errs, fmt.Errorf("previous limit effective at %dµs, after the current one (%dµs)",
 				s.Previous.Effective, s.Current.Effective))
@@ -70,7 +74,8 @@ func (s *Schedule) ok() bool {
 	if !okLimit(s.Current.Limit) {
 		return false
 	}
-	return !s.HasPrevious || (okLimit(s.Previous.Limit) && s.Previous.Effective <= s.Current.Effective)
+	return !s.HasPrevious || (okLimit(s.Previous.Limit) && s.Previous.Effective <= s.Current.Effective &&
+		EpochTag(s.Previous.Epoch) != EpochTag(s.Current.Epoch))
 }
 
 // Valid reports whether s passes Validate, without building an error.
@@ -78,25 +83,37 @@ func (s *Schedule) Valid() bool { return s.ok() }
 
 // resolve picks the version in force at now and the TAT st stands for under
 // it, applying "limit changes keep tokens".
-func (s *Schedule) resolve(st State, now int64) (Version, int64) {
-	if now >= s.Current.Effective || !s.HasPrevious {
-		if s.HasPrevious {
-			return s.Current, tatUnder(st, now, &s.Current, &s.Previous, true)
+func (s *Schedule) resolve(st State, now int64) (*Version, int64) {
+	if !s.HasPrevious {
+		// Steady: one limit. The common case, kept short.
+		if st.Exists && st.Epoch == EpochTag(s.Current.Epoch) {
+			return &s.Current, st.TAT
 		}
-		return s.Current, tatUnder(st, now, &s.Current, nil, false)
+		return &s.Current, tatUnder(st, now, &s.Current, nil, false)
 	}
-	return s.Previous, tatUnder(st, now, &s.Previous, nil, false)
+	if now >= s.Current.Effective {
+		return &s.Current, tatUnder(st, now, &s.Current, &s.Previous, true)
+	}
+	return &s.Previous, tatUnder(st, now, &s.Previous, nil, false)
 }
 
-// writeTag is the epoch tag to store with a state written under v: v's, or
-// the stored one when it is newer (state is never converted back to an
-// older epoch).
-func (s *Schedule) writeTag(st State, v Version) uint16 {
+// written is the state to store after an admission moved the TAT to tat
+// under version v: tagged with v's epoch (or the stored, newer one: state is
+// never converted back) and with Rested covering a change still pending.
+func (s *Schedule) written(st State, v *Version, tat int64) State {
 	tag := EpochTag(v.Epoch)
 	if st.Exists && newer(st.Epoch, tag) {
-		return st.Epoch
+		tag = st.Epoch
 	}
-	return tag
+	rested := tat
+	if c := &s.Current; v == &s.Previous && tat > c.Effective {
+		// The key is still refilling when the current limit takes over: it
+		// must outlive its converted TAT too, or, once dropped, it would come
+		// back with the previous limit's full burst. (Rested by the change,
+		// a missing key holds exactly what it would.)
+		rested = max(rested, convert(tat, v.Limit, c.Limit, c.Effective))
+	}
+	return State{TAT: tat, Rested: rested, Epoch: tag, Exists: true}
 }
 
 // newer reports whether tag a is 1…32767 ahead of tag b.
@@ -106,40 +123,36 @@ func newer(a, b uint16) bool {
 }
 
 // tatUnder is the TAT that st stands for under version a (in force at now),
-// whose predecessor is p when hasP.
+// whose predecessor is p when hasP (then a.Effective ≤ now).
 //
 //   - st written under a: as stored.
 //   - st written under p: converted to a at a's effective time.
 //   - st written under a newer epoch than a: as stored (never converted back).
-//   - st older than p (or than a, with no p), or no state: the key held p's
-//     full burst (no state) or nothing (older state) at the change, and is
-//     converted to a at a's effective time.
-//
-// Effective times after now are taken as now.
+//   - st older than p (or than a, with no p): empty at the previous change
+//     (a's own effective time, with no p), converted to a at a's.
+//   - no state: p's full burst at the change, converted to a; with no p,
+//     rested.
 func tatUnder(st State, now int64, a, p *Version, hasP bool) int64 {
-	ta := min(a.Effective, now)
+	ta := a.Effective
 	tag := EpochTag(a.Epoch)
 	if st.Exists {
 		switch {
 		case st.Epoch == tag:
 			return st.TAT
 		case hasP && st.Epoch == EpochTag(p.Epoch):
-			return convert(st.TAT, p.Limit, a.Limit, ta, now)
+			return convert(st.TAT, p.Limit, a.Limit, ta)
 		case newer(st.Epoch, tag):
 			return st.TAT
 		}
-		// Older than any limit we know: empty at the previous change.
 		if !hasP {
 			return emptyAt(a.Limit, ta)
 		}
-		tp := min(p.Effective, ta)
-		return convert(emptyAt(p.Limit, tp), p.Limit, a.Limit, ta, now)
+		return convert(emptyAt(p.Limit, p.Effective), p.Limit, a.Limit, ta)
 	}
 	if !hasP {
-		return now // rested: the full burst of the only limit known
+		return now
 	}
-	// No state: the key held p's full burst at the change.
-	return convert(ta, p.Limit, a.Limit, ta, now)
+	return convert(ta, p.Limit, a.Limit, ta)
 }
 
 // emptyAt is the TAT of a key with no tokens left at t under l.
@@ -150,17 +163,18 @@ func emptyAt(l Limit, t int64) int64 {
 	return t + l.burst*l.t
 }
 
-// convCap bounds intermediate conversions; any TAT beyond now+MaxWindow is
-// clamped there (such a key is blocked for the whole window anyway).
+// convCap bounds the debt a conversion carries (2^39 µs, about 6 days):
+// beyond it a key is blocked far past MaxWindow either way. The converted
+// TAT stays below 2^53, and since admitting or booking needs
+// TAT ≤ now + MaxWindow, a TAT that far ahead is never written.
 const convCap = 1 << 39
 
 // convert turns tat, a TAT under limit p, into the TAT under limit a that
 // keeps the available tokens at the change time ta, clamped to a's burst:
 // tokens = Burst_p − max(tat−ta, 0)/T_p (negative for booked reservations),
 // TAT_a = ta + (Burst_a − min(tokens, Burst_a))·T_a. Credit is rounded down
-// and debt up, so a conversion never adds tokens. The result is clamped to
-// now+MaxWindow.
-func convert(tat int64, p, a Limit, ta, now int64) int64 {
+// and debt up, so a conversion never adds tokens.
+func convert(tat int64, p, a Limit, ta int64) int64 {
 	if !a.usable() {
 		return tat // the zero limit decides nothing and writes nothing
 	}
@@ -170,17 +184,14 @@ func convert(tat int64, p, a Limit, ta, now int64) int64 {
 	}
 	d := max(tat-ta, 0)
 	credit := p.burst*p.t - d // µs of credit under p; negative is debt
-	var out int64
 	if credit >= 0 {
 		c := mulDivFloor(credit, a.t, p.t)
 		if c >= full {
 			return ta
 		}
-		out = ta + full - c
-	} else {
-		out = ta + full + mulDivCeil(min(-credit, convCap), a.t, p.t)
+		return ta + full - c
 	}
-	return min(out, now+MaxWindowMicros)
+	return ta + full + mulDivCeil(min(-credit, convCap), a.t, p.t)
 }
 
 // mulDivFloor is floor(x·y/z) for 0 ≤ x ≤ 2^39, 0 < y, z ≤ 2^37, capped at

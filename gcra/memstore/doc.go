@@ -32,15 +32,13 @@
 //
 // # Eviction
 //
-// A key whose TAT is at or before now is rested, and a rested key decides
-// exactly like a missing one under a steady schedule, so the store drops it.
-// Under a limit change, gcra counts a missing key as holding the previous
-// limit's full burst at the change, clamped to the new limit's burst — never
-// more; that is what a key rested before the change holds, and what a Redis
-// key that expired at rest holds. Dropping is therefore exact for a key that
-// was rested when its limit changed. For a key still refilling when a lower
-// rate took effect and rested since, dropping forgives the deficit it carried
-// over (at most the previous limit's burst), as Redis expiry does.
+// A key is dropped once its state's Rested time has passed (gcra.State):
+// from then on it holds its full burst under every limit its schedule named
+// when it was written, including a change still pending then, so a missing
+// key decides no more generously than the state would have — exactly under
+// a steady limit, conservatively (the previous limit's burst, clamped) just
+// after a change. The one residue is a change the writer did not yet know
+// of; see the gcra package documentation.
 //
 // Eviction is amortized and inline; the store runs no goroutine. A shard
 // sweeps itself, at the latest now it has seen, whenever its map has grown to

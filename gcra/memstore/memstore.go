@@ -174,7 +174,7 @@ func (s *Store) Len() int {
 	return n
 }
 
-// Sweep drops every key rested at now (TAT ≤ now) or holding no state, in
+// Sweep drops every key rested at now (Rested ≤ now) or holding no state, in
 // every shard, and returns how many it dropped. Keys in use by a concurrent
 // composite decision are kept. Stores sweep themselves; Sweep is for callers
 // that want memory back at a moment of their choosing.

@@ -52,8 +52,8 @@ func (sh *shard) observe(now int64) {
 // put stores a state gcra said to write.
 func (sh *shard) put(e *entry, st gcra.State) {
 	e.st = st
-	if st.TAT < sh.restBound {
-		sh.restBound = st.TAT
+	if st.Rested < sh.restBound {
+		sh.restBound = st.Rested
 	}
 }
 
@@ -117,14 +117,14 @@ func (sh *shard) sweep(now int64) int {
 				if !e.st.Exists {
 					bound = math.MinInt64
 				} else {
-					bound = min(bound, e.st.TAT)
+					bound = min(bound, e.st.Rested)
 				}
-			case !e.st.Exists || e.st.TAT <= now:
+			case !e.st.Exists || e.st.Rested <= now:
 				delete(sh.m, k)
 				e.dead = true
 				removed++
 			default:
-				bound = min(bound, e.st.TAT)
+				bound = min(bound, e.st.Rested)
 			}
 		}
 		sh.restBound = bound

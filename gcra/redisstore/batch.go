@@ -224,7 +224,7 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 		for i := range o.checks {
 			r, derr := decode(vals[:6], &o.checks[i])
 			vals = vals[6:]
-			if derr != nil && o.err == nil {
+			if derr != nil && (o.err == nil || o.err == errNotDecided) {
 				o.err = derr
 			}
 			o.res[i] = r

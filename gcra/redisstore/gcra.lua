@@ -17,14 +17,15 @@
 --     and if hasPrev: prev T, prev Burst, prev tag, prev effective
 --   (a zero limit is T = 0, Burst = 0)
 -- Reply: per check six integers:
---   code (0 denied, 1 allowed, 2 too large, 3 stored state malformed: the
---   op decides nothing and writes nothing), remaining, retry-after µs
+--   code (0 denied, 1 allowed, 2 too large, 3 this check's stored state is
+--   malformed, 4 not decided because another check of the composite is
+--   malformed; with 3 or 4 the op decides nothing and writes nothing),
+--   remaining, retry-after µs
 --   (-1 = never), reset-after µs, wait µs, version (0 current, 1 previous)
 
 local TATMOD  = 137438953472     -- 2^37: stored TAT modulus
 local TAGMOD  = 65536            -- 2^16: epoch tag modulus
 local BEHIND  = 4294967296       -- 2^32: how far behind now a TAT may be read
-local MAXWIN  = 129600000000     -- gcra.MaxWindow (36 h) in µs
 local CONVCAP = 549755813888     -- 2^39: cap on conversions
 local CHUNK   = 8192             -- 2^13
 
@@ -70,21 +71,17 @@ local function convert(tat, pT, pB, aT, aB, ta)
   local d = tat - ta
   if d < 0 then d = 0 end
   local credit = pB * pT - d
-  local out
   if credit >= 0 then
     local c = muldiv(credit, aT, pT)
     if c >= full then return ta end
-    out = ta + full - c
-  else
-    local x = -credit
-    if x > CONVCAP then x = CONVCAP end
-    local q, r = muldiv(x, aT, pT)
-    if r > 0 then q = q + 1 end
-    if q > CONVCAP then q = CONVCAP end
-    out = ta + full + q
+    return ta + full - c
   end
-  if out > now + MAXWIN then out = now + MAXWIN end
-  return out
+  local x = -credit
+  if x > CONVCAP then x = CONVCAP end
+  local q, r = muldiv(x, aT, pT)
+  if r > 0 then q = q + 1 end
+  if q > CONVCAP then q = CONVCAP end
+  return ta + full + q
 end
 
 local function newer(a, b)
@@ -99,19 +96,15 @@ end
 
 -- gcra.tatUnder: the TAT the stored state stands for under version a.
 local function tatunder(exists, tat, tag, aT, aB, aTag, aEff, hasP, pT, pB, pTag, pEff)
-  local ta = aEff
-  if ta > now then ta = now end
   if exists then
     if tag == aTag then return tat end
-    if hasP and tag == pTag then return convert(tat, pT, pB, aT, aB, ta) end
+    if hasP and tag == pTag then return convert(tat, pT, pB, aT, aB, aEff) end
     if newer(tag, aTag) then return tat end
-    if not hasP then return emptyat(aT, aB, ta) end
-    local tp = pEff
-    if tp > ta then tp = ta end
-    return convert(emptyat(pT, pB, tp), pT, pB, aT, aB, ta)
+    if not hasP then return emptyat(aT, aB, aEff) end
+    return convert(emptyat(pT, pB, pEff), pT, pB, aT, aB, aEff)
   end
   if not hasP then return now end
-  return convert(ta, pT, pB, aT, aB, ta)
+  return convert(aEff, pT, pB, aT, aB, aEff)
 end
 
 local function remaining(T, B, tat)
@@ -145,11 +138,18 @@ local function load(i)
     pTag, pEff = tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
     pos = pos + 4
   end
-  local raw = redis.call('GET', c.key)
+  -- pcall: a key of another type (WRONGTYPE) under our prefix fails this
+  -- op alone, not the whole batch.
+  local raw = redis.pcall('GET', c.key)
   local exists, tat, tag = false, 0, 0
+  if type(raw) == 'table' then
+    c.bad = true
+    return
+  end
   if raw then
-    local v = tonumber(raw)
-    if v == nil or v < 0 or v >= 9007199254740992 or v ~= floor(v) then
+    local v = nil
+    if string.find(raw, '^%d+$') and #raw <= 16 then v = tonumber(raw) end
+    if v == nil or v >= 9007199254740992 then
       c.bad = true
       return
     end
@@ -160,6 +160,7 @@ local function load(i)
     tat = base + (low - base) % TATMOD
   end
   c.exists, c.stag = exists, tag
+  c.cT, c.cB, c.cEff = cT, cB, cEff
   if now >= cEff or not hasP then
     c.T, c.B, c.tag, c.ver = cT, cB, cTag, 0
     c.tat = tatunder(exists, tat, tag, cT, cB, cTag, cEff, hasP, pT, pB, pTag, pEff)
@@ -205,13 +206,22 @@ local function write(c)
   local tag = c.tag
   if c.exists and newer(c.stag, tag) then tag = c.stag end
   local packed = (c.next % TATMOD) * TAGMOD + tag
-  redis.call('SET', c.key, packed, 'PX', math.ceil((c.next - now) / 1000))
+  -- gcra.State.Rested: a change still pending takes over at its effective
+  -- time, and the key must outlive its converted TAT too.
+  local rested = c.next
+  if c.ver == 1 and c.next > c.cEff then
+    local conv = convert(c.next, c.T, c.B, c.cT, c.cB, c.cEff)
+    if conv > rested then rested = conv end
+  end
+  redis.call('SET', c.key, packed, 'PX', math.ceil((rested - now) / 1000))
 end
 
-local function emitbad()
+local function emitcode(code)
   local o = #out
-  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = 3, 0, 0, 0, 0, 0
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = code, 0, 0, 0, 0, 0
 end
+
+local function emitbad() emitcode(3) end
 
 local function emit(c)
   local o = #out
@@ -236,7 +246,9 @@ for _ = 1, nops do
       if ck[i].bad then bad = true end
     end
     if bad then
-      for _ = 1, k do emitbad() end
+      for i = 1, k do
+        if ck[i].bad then emitbad() else emitcode(4) end
+      end
     else
       for i = 1, k do
         step(ck[i], ck[i].n, -1)

@@ -36,6 +36,11 @@ var (
 	// ErrMalformedState is returned when a key under the store's prefix
 	// holds something the script did not write. Nothing is decided.
 	ErrMalformedState = errors.New("redisstore: stored state is malformed")
+
+	// errNotDecided marks a composite's check that the script skipped
+	// because another check's state is malformed; that one's error is
+	// reported.
+	errNotDecided = errors.New("redisstore: not decided")
 )
 
 // Config configures a Store. DefaultConfig documents each default.
@@ -257,6 +262,8 @@ func decode(v []int64, c *gcra.Check) (gcra.Result, error) {
 		r.TooLarge = true
 	case 3:
 		return gcra.Result{}, fmt.Errorf("%w (key %q)", ErrMalformedState, c.Key.Name)
+	case 4:
+		return gcra.Result{}, errNotDecided
 	default:
 		return r, fmt.Errorf("%w: code %d", ErrReply, v[0])
 	}
