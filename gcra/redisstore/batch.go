@@ -97,7 +97,11 @@ func (s *Store) run(ctx context.Context, kind opKind, checks []gcra.Check, maxWa
 			slot = sl
 		} else if sl != slot {
 			opPool.Put(o)
-			return fmt.Errorf("%w: %q and %q", ErrCrossSlot, checks[0].Key.Tag, checks[i].Key.Tag)
+			if checks[0].Key.Tag == "" || checks[i].Key.Tag == "" {
+				return fmt.Errorf("%w: keys %q and %q: a key with an empty Tag hashes by its whole name, so a composite needs one non-empty Tag on every key",
+					ErrCrossSlot, checks[0].Key.Name, checks[i].Key.Name)
+			}
+			return fmt.Errorf("%w: tags %q and %q", ErrCrossSlot, checks[0].Key.Tag, checks[i].Key.Tag)
 		}
 		o.keys = append(o.keys, k)
 	}
@@ -228,6 +232,9 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 				o.err = derr
 			}
 			o.res[i] = r
+		}
+		if o.err == errNotDecided {
+			o.err = fmt.Errorf("%w: code 4 (not decided) without a malformed check", ErrReply)
 		}
 	}
 }

@@ -122,6 +122,11 @@ func New(c redis.UniversalClient, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if _, ring := c.(*redis.Ring); ring {
+		// A Ring shards by key on the client side; a batch mixing shards
+		// would run on the first key's shard.
+		return nil, errors.New("redisstore: redis.Ring is not supported (use a single node, Sentinel or Cluster client)")
+	}
 	_, cluster := c.(*redis.ClusterClient)
 	s := &Store{c: c, cfg: cfg, cluster: cluster, sem: make(chan struct{}, cfg.MaxInFlight)}
 	s.lanes.init(cluster, cfg.Lanes)
