@@ -72,7 +72,7 @@ func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecon
 
 // remaining is floor((Burst·T − (tat − now))/T) clamped to [0, Burst], for
 // tat ≥ now.
-func remaining(l Limit, tat, now int64) int64 {
+func remaining(l *Limit, tat, now int64) int64 {
 	slack := l.burst*l.t - (tat - now)
 	if slack <= 0 {
 		return 0
@@ -89,33 +89,30 @@ func tooLarge(l Limit, tat, now int64) Result {
 	r := Result{Limit: l, TooLarge: true, RetryAfter: Never}
 	if l.usable() {
 		base := max(tat, now)
-		r.Remaining = remaining(l, base, now)
+		r.Remaining = remaining(&l, base, now)
 		r.ResetAfter = micros(base - now)
 	}
 	return r
 }
 
-// step is GCRA on one TAT under one limit: the decision for cost n at now
-// and the TAT to store if it is admitted. The limit must be usable and
-// 0 ≤ n ≤ Burst (checked by the callers before any multiplication).
-func step(l Limit, tat, now, n int64) (int64, Result) {
+// step is GCRA on one TAT under one limit: the decision for cost n at now,
+// written into r, and the TAT to store if it is admitted. The limit must be
+// usable and 0 ≤ n ≤ Burst (checked by the callers before any
+// multiplication).
+func step(l *Limit, tat, now, n int64, r *Result) int64 {
 	base := max(tat, now)
 	next := base + n*l.t
-	allowAt := next - l.burst*l.t
-	if allowAt > now {
-		return tat, Result{
-			Limit:      l,
-			Remaining:  remaining(l, base, now),
-			RetryAfter: micros(allowAt - now),
-			ResetAfter: micros(base - now),
-		}
+	r.Limit = *l
+	if allowAt := next - l.burst*l.t; allowAt > now {
+		r.Remaining = remaining(l, base, now)
+		r.RetryAfter = micros(allowAt - now)
+		r.ResetAfter = micros(base - now)
+		return tat
 	}
-	return next, Result{
-		Limit:      l,
-		Allowed:    true,
-		Remaining:  remaining(l, next, now),
-		ResetAfter: micros(next - now),
-	}
+	r.Allowed = true
+	r.Remaining = remaining(l, next, now)
+	r.ResetAfter = micros(next - now)
+	return next
 }
 
 // Allow decides a request of cost n at now against a key whose TAT is tat
@@ -132,7 +129,8 @@ func Allow(l Limit, tat, now, n int64) (int64, Result, error) {
 		}
 		return tat, tooLarge(l, tat, now), nil
 	}
-	next, r := step(l, tat, now, n)
+	var r Result
+	next := step(&l, tat, now, n, &r)
 	return next, r, nil
 }
 
@@ -145,19 +143,19 @@ func Allow(l Limit, tat, now, n int64) (int64, Result, error) {
 //
 // Decide does not validate s; stores call s.Validate first. An invalid limit
 // in s decides as the zero limit (denies), never panics.
-func Decide(st State, now int64, s *Schedule, n int64) (State, bool, Result, error) {
+func Decide(st State, now int64, s *Schedule, n int64) (next State, write bool, r Result, err error) {
 	if n < 0 {
-		return st, false, Result{}, ErrNegativeCost
+		return st, false, r, ErrNegativeCost
 	}
 	v, tat := s.resolve(st, now)
-	if !v.Limit.usable() || n > v.Limit.burst {
+	if !v.Limit.ok || n > v.Limit.burst {
 		return st, false, tooLarge(v.Limit, tat, now), nil
 	}
-	next, r := step(v.Limit, tat, now, n)
+	t := step(&v.Limit, tat, now, n, &r)
 	if !r.Allowed || n == 0 {
 		return st, false, r, nil
 	}
-	return s.written(st, v, next), true, r, nil
+	return s.written(st, v, t), true, r, nil
 }
 
 // Reserve books the next slot for a request of cost n at now if the wait
@@ -173,9 +171,9 @@ func Reserve(st State, now int64, s *Schedule, n, maxWait int64) (State, bool, R
 		return st, false, Result{}, ErrNegativeWait
 	}
 	v, tat := s.resolve(st, now)
-	l := v.Limit
+	l := &v.Limit
 	if !l.usable() || n > l.burst {
-		return st, false, tooLarge(l, tat, now), nil
+		return st, false, tooLarge(*l, tat, now), nil
 	}
 	if maxWait > MaxWindowMicros-l.burst*l.t {
 		return st, false, Result{}, ErrWaitTooLong
@@ -188,14 +186,14 @@ func Reserve(st State, now int64, s *Schedule, n, maxWait int64) (State, bool, R
 	}
 	if wait > maxWait {
 		return st, false, Result{
-			Limit:      l,
+			Limit:      *l,
 			Remaining:  remaining(l, base, now),
 			RetryAfter: micros(wait),
 			ResetAfter: micros(base - now),
 		}, nil
 	}
 	r := Result{
-		Limit:      l,
+		Limit:      *l,
 		Allowed:    true,
 		Remaining:  remaining(l, next, now),
 		ResetAfter: micros(next - now),
