@@ -294,19 +294,19 @@ func TestReplyShapes(t *testing.T) {
 		give   []int64
 		wantIs error
 	}{
-		{"unknown code", []int64{5, 0, 0, 0, 0, 0}, ErrReply},
-		{"huge code", []int64{1 << 40, 0, 0, 0, 0, 0}, ErrReply},
-		{"negative code", []int64{-1, 0, 0, 0, 0, 0}, ErrReply},
-		{"bad version", []int64{1, 0, 0, 0, 0, 2}, ErrReply},
-		{"negative version", []int64{1, 0, 0, 0, 0, -1}, ErrReply},
-		{"negative remaining", []int64{1, -1, 0, 0, 0, 0}, ErrReply},
-		{"retry-after below -1", []int64{0, 0, -2, 0, 0, 0}, ErrReply},
-		{"never on a plain denial", []int64{0, 0, -1, 0, 0, 0}, ErrReply},
-		{"too large without never", []int64{2, 0, 5, 0, 0, 0}, ErrReply},
-		{"negative reset-after", []int64{1, 0, 0, -1, 0, 0}, ErrReply},
-		{"negative wait", []int64{1, 0, 0, 0, -1, 0}, ErrReply},
-		{"malformed state", []int64{3, 0, 0, 0, 0, 0}, ErrMalformedState},
-		{"not decided (a composite partner is malformed)", []int64{4, 0, 0, 0, 0, 0}, errNotDecided},
+		{"unknown code", []int64{5, 0, 0, 0, 0}, ErrReply},
+		{"huge code", []int64{1 << 40, 0, 0, 0, 0}, ErrReply},
+		{"negative code", []int64{-1, 0, 0, 0, 0}, ErrReply},
+		{"bad version", []int64{1 + 8*2, 0, 0, 0, 0}, ErrReply},
+		{"negative code and version", []int64{-7, 0, 0, 0, 0}, ErrReply},
+		{"negative remaining", []int64{1, -1, 0, 0, 0}, ErrReply},
+		{"retry-after below -1", []int64{0, 0, -2, 0, 0}, ErrReply},
+		{"never on a plain denial", []int64{0, 0, -1, 0, 0}, ErrReply},
+		{"too large without never", []int64{2, 0, 5, 0, 0}, ErrReply},
+		{"negative reset-after", []int64{1, 0, 0, -1, 0}, ErrReply},
+		{"negative wait", []int64{1, 0, 0, 0, -1}, ErrReply},
+		{"malformed state", []int64{3, 0, 0, 0, 0}, ErrMalformedState},
+		{"not decided (a composite partner is malformed)", []int64{4, 0, 0, 0, 0}, errNotDecided},
 	}
 	for _, tt := range decodeTests {
 		t.Run("decode "+tt.name, func(t *testing.T) {
@@ -317,12 +317,12 @@ func TestReplyShapes(t *testing.T) {
 			}
 		})
 	}
-	r, err := decode([]int64{0, 1, 150_000, 400_000, 0, 0}, &chk)
+	r, err := decode([]int64{0, 1, 150_000, 400_000}, &chk)
 	want := gcra.Result{Limit: gcra.PerSecond(5, 3), Remaining: 1, RetryAfter: 150 * time.Millisecond, ResetAfter: 400 * time.Millisecond}
 	if err != nil || r != want {
 		t.Errorf("decode of a denial = %+v, %v; want %+v", r, err, want)
 	}
-	r, err = decode([]int64{2, 0, -1, 0, 0, 0}, &chk)
+	r, err = decode([]int64{2, 0, -1, 0}, &chk)
 	if err != nil || !r.TooLarge || r.RetryAfter != gcra.Never {
 		t.Errorf("decode of too large = %+v, %v", r, err)
 	}

@@ -3,8 +3,10 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
 )
@@ -167,11 +169,19 @@ func (s *Store) drain(l *lane) {
 			l.mu.Unlock()
 			return
 		}
-		n := min(len(l.pending), s.cfg.MaxBatch)
+		// Up to MaxBatch checks per call (a composite counts each of its
+		// checks, and always goes whole), which also keeps every schedule
+		// index the script sees below 2^10.
 		batch = batch[:0]
-		for _, o := range l.pending[:n] {
+		n, checks := 0, 0
+		for _, o := range l.pending {
+			if len(batch) > 0 && checks+len(o.checks) > s.cfg.MaxBatch {
+				break
+			}
+			n++
 			if o.state.CompareAndSwap(opQueued, opTaken) {
 				batch = append(batch, o)
+				checks += len(o.checks)
 			}
 		}
 		rest := copy(l.pending, l.pending[n:])
@@ -185,37 +195,99 @@ func (s *Store) drain(l *lane) {
 		for _, o := range batch {
 			o.done <- struct{}{}
 		}
+		if len(batch) > 1 {
+			s.regroup(l, len(batch))
+		}
 	}
+}
+
+// regroupWait bounds how long drain waits for the callers it just answered
+// to come back with their next decision.
+const regroupWait = 50 * time.Microsecond
+
+// regroup gives the callers just answered a moment to queue their next
+// decisions before the next script call goes out. Without it, batching
+// phase-locks under closed-loop load: the first caller back would go out
+// alone and the rest would queue behind it, so batches alternate between
+// one op and all the others, and every call pays Redis's fixed cost for
+// little work. It yields rather than sleeps, and stops as soon as the queue
+// is as long as the batch just sent, or after regroupWait.
+func (s *Store) regroup(l *lane, want int) {
+	deadline := time.Now().Add(regroupWait)
+	for {
+		l.mu.Lock()
+		n := len(l.pending)
+		l.mu.Unlock()
+		if n >= want || n >= s.cfg.MaxBatch || time.Now().After(deadline) {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// opWord packs what the script needs of one check into one integer below
+// 2^53 (see gcra.lua): (index·4 + kind)·2^40 + cost. A cost above 2^39
+// exceeds every Burst (Burst·T ≤ MaxWindow < 2^37 µs), so capping it keeps
+// the decision (too large) and the packing exact.
+func opWord(kind opKind, index int, cost int64) int64 {
+	return (int64(index)*4+int64(kind))<<40 + min(cost, 1<<39)
 }
 
 // exec sends ops as one script call and stores each op's answer.
 func (s *Store) exec(ctx context.Context, ops []*op) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	nchecks := 0
+	nchecks, nvals := 0, 0
 	for _, o := range ops {
 		nchecks += len(o.checks)
+		nvals += len(o.checks) * replyWidth(o.kind)
+	}
+	// Many checks share a schedule (one policy limit, one share): send each
+	// distinct schedule once and refer to it by index.
+	scheds := make([]*gcra.Schedule, 0, 8)
+	idx := make([]int, 0, nchecks)
+	for _, o := range ops {
+		for i := range o.checks {
+			sch := &o.checks[i].Schedule
+			j := -1
+			for k := max(0, len(scheds)-16); k < len(scheds); k++ { // bounded: a batch of distinct limits stays linear
+				if *scheds[k] == *sch {
+					j = k
+					break
+				}
+			}
+			if j < 0 {
+				j = len(scheds)
+				scheds = append(scheds, sch)
+			}
+			idx = append(idx, j+1)
+		}
 	}
 	keys := make([]string, 0, nchecks)
-	args := make([]any, 0, 2+len(ops)*3+nchecks*10)
-	args = append(args, s.testNow, len(ops))
+	args := make([]any, 0, 3+len(scheds)*10+len(ops)*2+nchecks)
+	args = append(args, s.testNow, len(ops), len(scheds))
+	for _, sch := range scheds {
+		args = appendSchedule(args, sch)
+	}
 	for _, o := range ops {
 		keys = append(keys, o.keys...)
-		args = append(args, int(o.kind))
-		switch o.kind {
-		case opReserve:
-			args = append(args, o.maxWait)
-		case opComposite:
-			args = append(args, len(o.checks))
+		if o.kind == opComposite {
+			args = append(args, opWord(opComposite, 0, int64(len(o.checks))))
+			for i := range o.checks {
+				args = append(args, opWord(0, idx[i], o.checks[i].Cost))
+			}
+		} else {
+			args = append(args, opWord(o.kind, idx[0], o.checks[0].Cost))
+			if o.kind == opReserve {
+				args = append(args, o.maxWait)
+			}
 		}
-		for i := range o.checks {
-			args = appendCheck(args, &o.checks[i])
-		}
+		idx = idx[len(o.checks):]
 	}
 	reply, err := script.Run(ctx, s.c, keys, args...).Result()
 	var vals []int64
 	if err == nil {
-		vals, err = replyInts(reply, 6*nchecks, make([]int64, 0, 6*nchecks))
+		vals, err = replyInts(reply, nvals, make([]int64, 0, nvals))
 	}
 	if err != nil {
 		err = fmt.Errorf("redisstore: eval gcra: %w", err)
@@ -226,8 +298,9 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 	}
 	for _, o := range ops {
 		for i := range o.checks {
-			r, derr := decode(vals[:6], &o.checks[i])
-			vals = vals[6:]
+			w := replyWidth(o.kind)
+			r, derr := decode(vals[:w], &o.checks[i])
+			vals = vals[w:]
 			if derr != nil && (o.err == nil || o.err == errNotDecided) {
 				o.err = derr
 			}

@@ -15,7 +15,7 @@ import (
 )
 
 // newTestStore returns a store on the shared Redis with a unique prefix.
-func newTestStore(t *testing.T) (*Store, *redis.Client) {
+func newTestStore(t testing.TB) (*Store, *redis.Client) {
 	t.Helper()
 	c := testenv.Redis(t)
 	cfg := DefaultConfig()

@@ -8,20 +8,22 @@
 --
 -- ARGV[1]  now in µs for tests, or '' to use the server's TIME
 -- ARGV[2]  number of ops
--- then per op:
---   kind   1 decide, 2 reserve, 3 composite
---   kind 2: maxWait (µs) first
---   kind 3: number of checks k first
---   then per check (one KEY each, in order):
---     cost, hasPrev (0|1), cur T, cur Burst, cur tag, cur effective,
+-- ARGV[3]  number of distinct schedules L, then L schedules:
+--     cur T, cur Burst, cur tag, cur effective, hasPrev (0|1),
 --     and if hasPrev: prev T, prev Burst, prev tag, prev effective
+-- then per op one word w = (index·4 + kind)·2^40 + cost, where kind is
+--   1 decide and 2 reserve (one check: the schedule index, 1-based, and the
+--   cost, capped at 2^39 — any cost above Burst is too large anyway), each
+--   with one KEY; a reservation's word is followed by maxWait (µs);
+--   3 composite: cost holds the number of checks k, and k words follow,
+--   one per check (kind 0), each with one KEY, in order.
 --   (a zero limit is T = 0, Burst = 0)
--- Reply: per check six integers:
---   code (0 denied, 1 allowed, 2 too large, 3 this check's stored state is
+-- Reply, per check: code + 8·version, remaining, retry-after µs (-1 =
+-- never), reset-after µs, and for a reservation also wait µs.
+--   code: 0 denied, 1 allowed, 2 too large, 3 this check's stored state is
 --   malformed, 4 not decided because another check of the composite is
---   malformed; with 3 or 4 the op decides nothing and writes nothing),
---   remaining, retry-after µs
---   (-1 = never), reset-after µs, wait µs, version (0 current, 1 previous)
+--   malformed (with 3 or 4 the op decides and writes nothing).
+--   version: 0 the current limit decided, 1 the previous one.
 
 local TATMOD  = 137438953472     -- 2^37: stored TAT modulus
 local TAGMOD  = 65536            -- 2^16: epoch tag modulus
@@ -115,170 +117,170 @@ local function remaining(T, B, tat)
   return r
 end
 
--- Decoded checks of the op being evaluated.
-local ck = {}
-local pos = 3      -- next ARGV
+local pos = 4      -- next ARGV
 local kpos = 1     -- next KEY
 local out = {}
+local no = 0       -- values in out
 
--- read one check's arguments and stored state; resolve the version in force
-local function load(i)
-  local c = ck[i]
-  if c == nil then c = {}; ck[i] = c end
-  c.bad = false
-  c.key = KEYS[kpos]; kpos = kpos + 1
-  c.n = tonumber(ARGV[pos])
-  local hasP = ARGV[pos + 1] == '1'
-  local cT, cB = tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
-  local cTag, cEff = tonumber(ARGV[pos + 4]), tonumber(ARGV[pos + 5])
-  pos = pos + 6
-  local pT, pB, pTag, pEff = 0, 0, 0, 0
+-- The batch's distinct schedules, parsed once into one flat table, nine
+-- fields each: cur T, B, tag, effective, hasPrev, prev T, B, tag, effective.
+local S = {}
+for i = 0, tonumber(ARGV[3]) - 1 do
+  local b = i * 9
+  S[b + 1], S[b + 2] = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
+  S[b + 3], S[b + 4] = tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
+  local hasP = ARGV[pos + 4] == '1'
+  S[b + 5] = hasP
+  pos = pos + 5
   if hasP then
-    pT, pB = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
-    pTag, pEff = tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
+    S[b + 6], S[b + 7] = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
+    S[b + 8], S[b + 9] = tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
     pos = pos + 4
-  end
-  -- pcall: a key of another type (WRONGTYPE) under our prefix fails this
-  -- op alone, not the whole batch.
-  local raw = redis.pcall('GET', c.key)
-  local exists, tat, tag = false, 0, 0
-  if type(raw) == 'table' then
-    c.bad = true
-    return
-  end
-  if raw then
-    local v = nil
-    if string.find(raw, '^%d+$') and #raw <= 16 then v = tonumber(raw) end
-    if v == nil or v >= 9007199254740992 then
-      c.bad = true
-      return
-    end
-    exists = true
-    tag = v % TAGMOD
-    local low = (v - tag) / TAGMOD
-    local base = now - BEHIND
-    tat = base + (low - base) % TATMOD
-  end
-  c.exists, c.stag = exists, tag
-  c.cT, c.cB, c.cEff = cT, cB, cEff
-  if now >= cEff or not hasP then
-    c.T, c.B, c.tag, c.ver = cT, cB, cTag, 0
-    c.tat = tatunder(exists, tat, tag, cT, cB, cTag, cEff, hasP, pT, pB, pTag, pEff)
-  else
-    c.T, c.B, c.tag, c.ver = pT, pB, pTag, 1
-    c.tat = tatunder(exists, tat, tag, pT, pB, pTag, pEff, false, 0, 0, 0, 0)
   end
 end
 
--- GCRA step on a loaded check; maxWait < 0 means a plain decision.
--- Sets c.code, c.rem, c.retry, c.reset, c.wait, c.next.
-local function step(c, n, maxWait)
-  local T, B = c.T, c.B
-  local base = c.tat
-  if base < now then base = now end
-  c.wait, c.next = 0, nil
-  if T == 0 or n > B then
-    c.code, c.retry = 2, -1
-    if T == 0 then c.rem, c.reset = 0, 0
-    else c.rem, c.reset = remaining(T, B, base), base - now end
-    return
+-- readstate reads and unpacks a key's state: ok, exists, tat, tag. A key of
+-- another type (pcall: WRONGTYPE fails this op alone, not the batch) or a
+-- value the script did not write is not ok.
+local function readstate(key)
+  local raw = redis.pcall('GET', key)
+  if not raw then return true, false, 0, 0 end
+  if type(raw) == 'table' or #raw > 16 or not string.find(raw, '^%d+$') then
+    return false, false, 0, 0
   end
+  local v = tonumber(raw)
+  if v >= 9007199254740992 then return false, false, 0, 0 end
+  local tag = v % TAGMOD
+  local low = (v - tag) / TAGMOD
+  local base = now - BEHIND
+  return true, true, base + (low - base) % TATMOD, tag
+end
+
+-- loadcheck reads one check's arguments and state and resolves the version
+-- in force: ok, key, n, T, B, tag, ver, tat, exists, stored tag, and the
+-- current limit (for a change still pending).
+local W = 1099511627776 -- 2^40
+
+-- word splits an op word into kind, schedule index and cost.
+local function word(w)
+  local hi = floor(w / W)
+  local kind = hi % 4
+  return kind, (hi - kind) / 4, w - hi * W
+end
+
+local function loadcheck(i, n)
+  local key = KEYS[kpos]
+  kpos = kpos + 1
+  local b = (i - 1) * 9
+  local cT, cB, cTag, cEff = S[b + 1], S[b + 2], S[b + 3], S[b + 4]
+  local ok, exists, tat, stag = readstate(key)
+  if not ok then return false end
+  if not S[b + 5] then
+    if not (exists and stag == cTag) then
+      tat = tatunder(exists, tat, stag, cT, cB, cTag, cEff, false, 0, 0, 0, 0)
+    end
+    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff
+  end
+  local pT, pB, pTag, pEff = S[b + 6], S[b + 7], S[b + 8], S[b + 9]
+  if now >= cEff then
+    tat = tatunder(exists, tat, stag, cT, cB, cTag, cEff, true, pT, pB, pTag, pEff)
+    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff
+  end
+  tat = tatunder(exists, tat, stag, pT, pB, pTag, pEff, false, 0, 0, 0, 0)
+  return true, key, n, pT, pB, pTag, 1, tat, exists, stag, cT, cB, cEff
+end
+
+-- step is GCRA on one resolved check; maxWait < 0 means a plain decision.
+-- Returns code, remaining, retry, reset, wait, and the TAT to write (or
+-- false).
+local function step(T, B, tat, n, maxWait)
+  local base = tat
+  if base < now then base = now end
+  if T == 0 then return 2, 0, -1, 0, 0, false end
+  if n > B then return 2, remaining(T, B, base), -1, base - now, 0, false end
   local nxt = base + n * T
   local early = nxt - B * T - now
   if maxWait >= 0 then
     if early < 0 then early = 0 end
-    if early > maxWait then
-      c.code, c.rem, c.retry, c.reset = 0, remaining(T, B, base), early, base - now
-      return
-    end
-    c.code, c.rem, c.retry, c.reset, c.wait = 1, remaining(T, B, nxt), 0, nxt - now, early
+    if early > maxWait then return 0, remaining(T, B, base), early, base - now, 0, false end
   elseif early > 0 then
-    c.code, c.rem, c.retry, c.reset = 0, remaining(T, B, base), early, base - now
-    return
-  else
-    c.code, c.rem, c.retry, c.reset = 1, remaining(T, B, nxt), 0, nxt - now
+    return 0, remaining(T, B, base), early, base - now, 0, false
   end
-  if n > 0 then c.next = nxt end
+  if n == 0 then return 1, remaining(T, B, nxt), 0, nxt - now, early > 0 and early or 0, false end
+  return 1, remaining(T, B, nxt), 0, nxt - now, early > 0 and early or 0, nxt
 end
 
-local function write(c)
-  if c.next == nil then return end
-  local tag = c.tag
-  if c.exists and newer(c.stag, tag) then tag = c.stag end
-  local packed = (c.next % TATMOD) * TAGMOD + tag
-  -- gcra.State.Rested: a change still pending takes over at its effective
-  -- time, and the key must outlive its converted TAT too.
-  local rested = c.next
-  if c.ver == 1 and c.next > c.cEff then
-    local conv = convert(c.next, c.T, c.B, c.cT, c.cB, c.cEff)
+-- write stores a TAT written under version ver (see gcra.Schedule.written).
+local function write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff)
+  if exists and newer(stag, tag) then tag = stag end
+  -- gcra.State.Rested: a key still refilling when a pending change takes
+  -- over must outlive its converted TAT too.
+  local rested = nxt
+  if ver == 1 and nxt > cEff then
+    local conv = convert(nxt, T, B, cT, cB, cEff)
     if conv > rested then rested = conv end
   end
-  redis.call('SET', c.key, packed, 'PX', math.ceil((rested - now) / 1000))
+  redis.call('SET', key, (nxt % TATMOD) * TAGMOD + tag, 'PX', math.ceil((rested - now) / 1000))
 end
 
-local function emitcode(code)
-  local o = #out
-  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = code, 0, 0, 0, 0, 0
-end
-
-local function emitbad() emitcode(3) end
-
-local function emit(c)
-  local o = #out
-  out[o + 1] = c.code
-  out[o + 2] = c.rem
-  out[o + 3] = c.retry
-  out[o + 4] = c.reset
-  out[o + 5] = c.wait
-  out[o + 6] = c.ver
+local function emit(a, b, c, d)
+  out[no + 1], out[no + 2], out[no + 3], out[no + 4] = a, b, c, d
+  no = no + 4
 end
 
 local nops = tonumber(ARGV[2])
 for _ = 1, nops do
-  local kind = ARGV[pos]
+  local kind, idx, n = word(tonumber(ARGV[pos]))
   pos = pos + 1
-  if kind == '3' then
-    local k = tonumber(ARGV[pos])
-    pos = pos + 1
-    local all, bad = true, false
-    for i = 1, k do
-      load(i)
-      if ck[i].bad then bad = true end
-    end
-    if bad then
-      for i = 1, k do
-        if ck[i].bad then emitbad() else emitcode(4) end
-      end
-    else
-      for i = 1, k do
-        step(ck[i], ck[i].n, -1)
-        if ck[i].code ~= 1 then all = false end
-      end
-      for i = 1, k do
-        local c = ck[i]
-        if all then
-          write(c)
-        elseif c.code == 1 then
-          step(c, 0, -1)   -- would have admitted: report it untouched
-          c.code = 0
-        end
-        emit(c)
-      end
-    end
-  else
+  if kind ~= 3 then
     local maxWait = -1
-    if kind == '2' then
+    if kind == 2 then
       maxWait = tonumber(ARGV[pos])
       pos = pos + 1
     end
-    load(1)
-    local c = ck[1]
-    if c.bad then
-      emitbad()
+    local ok, key, n, T, B, tag, ver, tat, exists, stag, cT, cB, cEff = loadcheck(idx, n)
+    if not ok then
+      emit(3, 0, 0, 0)
+      if maxWait >= 0 then no = no + 1; out[no] = 0 end
     else
-      step(c, c.n, maxWait)
-      write(c)
-      emit(c)
+      local code, rem, retry, reset, wait, nxt = step(T, B, tat, n, maxWait)
+      if nxt then write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff) end
+      emit(code + 8 * ver, rem, retry, reset)
+      if maxWait >= 0 then no = no + 1; out[no] = wait end
+    end
+  else
+    local k = n
+    local cks, bad = {}, false
+    for i = 1, k do
+      local _, ci, cn = word(tonumber(ARGV[pos]))
+      pos = pos + 1
+      local c = {loadcheck(ci, cn)}
+      cks[i] = c
+      if not c[1] then bad = true end
+    end
+    if bad then
+      for i = 1, k do
+        if cks[i][1] then emit(4, 0, 0, 0) else emit(3, 0, 0, 0) end
+      end
+    else
+      local all = true
+      local res = {}
+      for i = 1, k do
+        local c = cks[i]
+        local r = {step(c[4], c[5], c[8], c[3], -1)}
+        res[i] = r
+        if r[1] ~= 1 then all = false end
+      end
+      for i = 1, k do
+        local c, r = cks[i], res[i]
+        if all then
+          if r[6] then write(c[2], r[6], c[4], c[5], c[6], c[7], c[9], c[10], c[11], c[12], c[13]) end
+        elseif r[1] == 1 then
+          r = {step(c[4], c[5], c[8], 0, -1)} -- would have admitted: report it untouched
+          r[1] = 0
+        end
+        emit(r[1] + 8 * c[7], r[2], r[3], r[4])
+      end
     end
   end
 end
