@@ -203,7 +203,7 @@ func (s *Store) drain(l *lane) {
 
 // regroupWait bounds how long drain waits for the callers it just answered
 // to come back with their next decision.
-const regroupWait = 50 * time.Microsecond
+const regroupWait = 20 * time.Microsecond
 
 // regroup gives the callers just answered a moment to queue their next
 // decisions before the next script call goes out. Without it, batching
