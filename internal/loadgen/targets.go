@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/meridian-quota/meridian/internal/rediskeys"
 
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gcra/redisstore"
@@ -173,57 +174,10 @@ func checkPrefix(prefix string) error {
 	return nil
 }
 
-// deleteKeys unlinks every key starting with prefix, on every master of a
-// cluster client; best effort (the keys expire on their own once rested).
+// deleteKeys unlinks every key starting with prefix; best effort (the keys
+// expire on their own once rested).
 func deleteKeys(c redis.UniversalClient, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
-	pattern := globEscape(prefix) + "*"
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		_ = cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-			return unlinkMatching(ctx, n, pattern)
-		})
-		return
-	}
-	_ = unlinkMatching(ctx, c, pattern)
-}
-
-// unlinkMatching unlinks the keys of one node matching pattern, one UNLINK
-// per key (pipelined), since a cluster node refuses cross-slot UNLINKs.
-func unlinkMatching(ctx context.Context, c redis.Cmdable, pattern string) error {
-	var cursor uint64
-	for {
-		keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
-		if err != nil {
-			return fmt.Errorf("scan: %w", err)
-		}
-		if len(keys) > 0 {
-			_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, k := range keys {
-					p.Unlink(ctx, k)
-				}
-				return nil
-			})
-			if err != nil {
-				return fmt.Errorf("unlink: %w", err)
-			}
-		}
-		if next == 0 {
-			return nil
-		}
-		cursor = next
-	}
-}
-
-// globEscape escapes the characters special to Redis glob-style patterns.
-func globEscape(s string) string {
-	var sb strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case '*', '?', '[', ']', '\\':
-			sb.WriteByte('\\')
-		}
-		sb.WriteByte(s[i])
-	}
-	return sb.String()
+	_ = rediskeys.DeletePrefix(ctx, c, prefix)
 }

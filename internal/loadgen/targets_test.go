@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/internal/rediskeys"
 	"github.com/meridian-quota/meridian/internal/testenv"
 )
 
@@ -71,7 +72,7 @@ func TestTargets(t *testing.T) {
 
 func countKeys(ctx context.Context, t *testing.T, c *redis.Client, prefix string) int {
 	t.Helper()
-	keys, err := c.Keys(ctx, globEscape(prefix)+"*").Result()
+	keys, err := c.Keys(ctx, rediskeys.GlobEscape(prefix)+"*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}

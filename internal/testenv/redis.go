@@ -4,13 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/meridian-quota/meridian/internal/rediskeys"
 )
 
 // pingTimeout bounds the reachability check of the shared Redis.
@@ -90,60 +91,8 @@ func Cleanup(t testing.TB, c redis.UniversalClient, prefix string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
-		pattern := globEscape(prefix) + "*"
-		node := func(ctx context.Context, n *redis.Client) error { return unlinkMatching(ctx, n, pattern) }
-		var err error
-		switch c := c.(type) {
-		case *redis.ClusterClient:
-			err = c.ForEachMaster(ctx, node)
-		case *redis.Ring:
-			err = c.ForEachShard(ctx, node)
-		default:
-			err = unlinkMatching(ctx, c, pattern)
-		}
-		if err != nil {
-			t.Errorf("testenv: delete keys %q: %v", pattern, err)
+		if err := rediskeys.DeletePrefix(ctx, c, prefix); err != nil {
+			t.Errorf("testenv: delete keys under %q: %v", prefix, err)
 		}
 	})
-}
-
-// unlinkMatching unlinks the keys of one node matching pattern. Keys are
-// unlinked one per command (pipelined), since a cluster node refuses a
-// multi-key command whose keys lie in different slots.
-func unlinkMatching(ctx context.Context, c redis.Cmdable, pattern string) error {
-	var cursor uint64
-	for {
-		keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
-		if err != nil {
-			return fmt.Errorf("scan: %w", err)
-		}
-		if len(keys) > 0 {
-			_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, k := range keys {
-					p.Unlink(ctx, k)
-				}
-				return nil
-			})
-			if err != nil {
-				return fmt.Errorf("unlink: %w", err)
-			}
-		}
-		if next == 0 {
-			return nil
-		}
-		cursor = next
-	}
-}
-
-// globEscape escapes the characters special to Redis glob-style patterns.
-func globEscape(s string) string {
-	var sb strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case '*', '?', '[', ']', '\\':
-			sb.WriteByte('\\')
-		}
-		sb.WriteByte(s[i])
-	}
-	return sb.String()
 }

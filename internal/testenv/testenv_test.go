@@ -116,12 +116,6 @@ func TestSanitize(t *testing.T) {
 	}
 }
 
-func TestGlobEscape(t *testing.T) {
-	if got, want := globEscape(`a*b?c[d]e\f`), `a\*b\?c\[d\]e\\f`; got != want {
-		t.Errorf("globEscape = %q, want %q", got, want)
-	}
-}
-
 func TestClusterHealthy(t *testing.T) {
 	ok := "cluster_state:ok\r\ncluster_slots_assigned:16384\r\ncluster_known_nodes:3\r\n"
 	if err := clusterHealthy(ok, 3); err != nil {
