@@ -58,14 +58,16 @@
 // memory beyond its one integer: each state carries the low 16 bits of the
 // epoch it was written under (EpochTag), and the Redis store packs the TAT
 // modulo 2^37 µs with that tag into one integer below 2^53 (see Pack). Tags
-// compare by serial-number arithmetic, which is exact as long as no key's
-// state lives while its epoch advances by 2^15 or more. A key lives at most
-// MaxWindow after its last write, so callers keep the bound by passing, per
-// key, the epoch at which that key's limit last changed (which moves only
-// when its share moves), or by issuing fewer than 2^15 table epochs per
-// MaxWindow. Should the bound be broken, a stale tag is read as current or
-// newer and the key is decided from its stored TAT without conversion: the
-// error is bounded by one burst of that key.
+// compare by serial-number arithmetic: a Schedule's current epoch tag must
+// be 1 to 32767 ahead of its previous one (Validate refuses anything else),
+// and no key's state may live while its epochs advance by 2^15 or more. The
+// natural epoch is therefore a per-key change counter — the number of times
+// that key's limit has changed (rebalance.KeyShares.Version) — which moves
+// by one per change; a key's state lives at most MaxWindow, far less than
+// 2^15 changes of one key.
+//
+// Every instant — now, effective times — lies in [0, 2^52) µs (MaxTime), so
+// every value stays exact in Redis's Lua doubles.
 //
 // # Errors
 //

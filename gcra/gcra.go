@@ -62,6 +62,14 @@ var (
 	ErrTooManyChecks = fmt.Errorf("gcra: composite check with more than %d limits", MaxChecks)
 )
 
+// MaxTime bounds every instant the core takes (now, effective times):
+// [0, 2^52) µs, about 142 years from the clock's zero, so every TAT and
+// duration stays an exact integer below 2^53 in Redis's Lua too.
+const MaxTime = int64(1) << 52
+
+// ErrBadTime is returned for a now outside [0, MaxTime).
+var ErrBadTime = errors.New("gcra: now outside [0, 2^52) µs")
+
 // MaxKeyLen is the longest key (Tag plus Name, in bytes) a store accepts.
 const MaxKeyLen = 1024
 
@@ -144,8 +152,11 @@ func Allow(l Limit, tat, now, n int64) (int64, Result, error) {
 // Decide does not validate s; stores call s.Validate first. An invalid limit
 // in s decides as the zero limit (denies), never panics.
 func Decide(st State, now int64, s *Schedule, n int64) (next State, write bool, r Result, err error) {
-	if n < 0 {
+	switch {
+	case n < 0:
 		return st, false, r, ErrNegativeCost
+	case uint64(now) >= uint64(MaxTime):
+		return st, false, r, ErrBadTime
 	}
 	v, tat := s.resolve(st, now)
 	if !v.Limit.ok || n > v.Limit.burst {
@@ -169,6 +180,8 @@ func Reserve(st State, now int64, s *Schedule, n, maxWait int64) (State, bool, R
 		return st, false, Result{}, ErrNegativeCost
 	case maxWait < 0:
 		return st, false, Result{}, ErrNegativeWait
+	case uint64(now) >= uint64(MaxTime):
+		return st, false, Result{}, ErrBadTime
 	}
 	v, tat := s.resolve(st, now)
 	l := &v.Limit
@@ -227,6 +240,9 @@ func DecideAll(now int64, checks []Check, states, next []State, out []Result) (R
 		return Result{}, false, ErrTooManyChecks
 	case len(states) != len(checks) || len(next) != len(checks) || len(out) != len(checks):
 		return Result{}, false, errors.New("gcra: DecideAll: states, next and out must match checks in length")
+	}
+	if uint64(now) >= uint64(MaxTime) {
+		return Result{}, false, ErrBadTime
 	}
 	for i := range checks {
 		if checks[i].Cost < 0 {

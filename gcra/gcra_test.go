@@ -69,7 +69,7 @@ func runTimeline(t *testing.T, sch gcra.Schedule, base int64, steps []step) gcra
 
 // bases are the instants the timelines are replayed from: the store's clock
 // is arbitrary (Redis TIME is µs since 1970).
-var bases = []int64{0, 1_700_000_000 * s, -5 * s}
+var bases = []int64{0, 1_700_000_000 * s, 5 * s}
 
 func TestDecideSeed003Timeline(t *testing.T) {
 	// PerSecond(5, 3): T = 200 ms, B·T = 600 ms.

@@ -49,13 +49,19 @@ func (s *Schedule) Validate() error {
 	if err := s.Current.Limit.validate(); err != nil {
 		errs = append(errs, fmt.Errorf("current limit %s: %w", s.Current.Limit, err))
 	}
+	if s.Current.Effective < 0 || s.Current.Effective >= MaxTime {
+		errs = append(errs, fmt.Errorf("current effective time %dµs: outside [0, 2^52)", s.Current.Effective))
+	}
 	if s.HasPrevious {
 		if err := s.Previous.Limit.validate(); err != nil {
 			errs = append(errs, fmt.Errorf("previous limit %s: %w", s.Previous.Limit, err))
 		}
-		if EpochTag(s.Previous.Epoch) == EpochTag(s.Current.Epoch) {
-			errs = append(errs, fmt.Errorf("previous epoch %d and current epoch %d: their low 16 bits (epoch tags) must differ",
+		if !newer(EpochTag(s.Current.Epoch), EpochTag(s.Previous.Epoch)) {
+			errs = append(errs, fmt.Errorf("previous epoch %d and current epoch %d: the current epoch's tag (low 16 bits) must be 1 to 32767 ahead of the previous one's",
 				s.Previous.Epoch, s.Current.Epoch))
+		}
+		if s.Previous.Effective < 0 || s.Previous.Effective >= MaxTime {
+			errs = append(errs, fmt.Errorf("previous effective time %dµs: outside [0, 2^52)", s.Previous.Effective))
 		}
 		if s.Previous.Effective > s.Current.Effective {
 			errs = append(errs, fmt.Errorf("previous limit effective at %dµs, after the current one (%dµs)",
@@ -71,11 +77,13 @@ func (s *Schedule) Validate() error {
 // ok is the cheap form of Validate used on hot paths.
 func (s *Schedule) ok() bool {
 	okLimit := func(l Limit) bool { return l.ok || l.IsZero() }
-	if !okLimit(s.Current.Limit) {
+	okTime := func(t int64) bool { return t >= 0 && t < MaxTime }
+	if !okLimit(s.Current.Limit) || !okTime(s.Current.Effective) {
 		return false
 	}
-	return !s.HasPrevious || (okLimit(s.Previous.Limit) && s.Previous.Effective <= s.Current.Effective &&
-		EpochTag(s.Previous.Epoch) != EpochTag(s.Current.Epoch))
+	return !s.HasPrevious || (okLimit(s.Previous.Limit) && okTime(s.Previous.Effective) &&
+		s.Previous.Effective <= s.Current.Effective &&
+		newer(EpochTag(s.Current.Epoch), EpochTag(s.Previous.Epoch)))
 }
 
 // Valid reports whether s passes Validate, without building an error.

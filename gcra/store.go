@@ -45,7 +45,7 @@ type Store interface {
 	Reserve(ctx context.Context, k Key, s Schedule, cost int64, maxWait time.Duration) (Result, error)
 	// DecideAll decides several limits all or nothing, filling out (which
 	// must have len(checks) elements) with each limit's result and returning
-	// the combined one.
+	// the combined one. The checks must name distinct keys.
 	DecideAll(ctx context.Context, checks []Check, out []Result) (Result, error)
 }
 

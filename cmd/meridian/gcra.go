@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -32,7 +33,7 @@ func runGCRA(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	every := fs.Duration("every", 0, "evenly spaced arrivals: one every DURATION (with --for)")
 	dur := fs.Duration("for", 0, "evenly spaced arrivals from 0 through this offset, inclusive (with --every)")
 	cost := fs.Int64("cost", 1, "cost of each arrival (0 peeks)")
-	reserve := fs.Duration("reserve", -1, "reserve instead of decide, with this maxWait (e.g. 2s)")
+	reserve := fs.Duration("reserve", 0, "reserve instead of decide, with this maxWait (e.g. 2s)")
 	quiet := fs.Bool("quiet", false, "print only the summary")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
@@ -49,9 +50,11 @@ func runGCRA(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--cost %d: must not be negative", *cost)
 	}
 	maxWait := int64(-1)
-	if *reserve >= 0 {
+	reserveSet := false
+	fs.Visit(func(f *flag.Flag) { reserveSet = reserveSet || f.Name == "reserve" })
+	if reserveSet {
 		if maxWait, err = gcra.ValidateMaxWait(*reserve); err != nil {
-			return fmt.Errorf("--reserve: %w", err)
+			return fmt.Errorf("--reserve %s: %w", *reserve, err)
 		}
 	}
 	return printTrace(stdout, lim, times, *cost, maxWait, *quiet)
@@ -131,6 +134,9 @@ func arrivalTimes(list string, every, dur time.Duration) ([]int64, error) {
 				return nil, fmt.Errorf("--arrivals item %d %q: want a non-negative duration like 250ms", i+1, f)
 			}
 			us := int64(d / time.Microsecond)
+			if us >= gcra.MaxTime {
+				return nil, fmt.Errorf("--arrivals item %d %q: beyond the 2^52 µs (about 142 years) the core can time", i+1, f)
+			}
 			if us < prev {
 				return nil, fmt.Errorf("--arrivals item %d %q: before the previous arrival", i+1, f)
 			}
@@ -139,13 +145,16 @@ func arrivalTimes(list string, every, dur time.Duration) ([]int64, error) {
 		}
 		return out, nil
 	case every > 0 && dur > 0:
+		if dur/time.Microsecond >= time.Duration(gcra.MaxTime) {
+			return nil, fmt.Errorf("--for %s: beyond the 2^52 µs (about 142 years) the core can time", dur)
+		}
 		n := int64(dur/every) + 1
 		if n > maxArrivals {
 			return nil, fmt.Errorf("--every %s --for %s: %d arrivals, more than %d", every, dur, n, maxArrivals)
 		}
 		out := make([]int64, 0, n)
-		for t := time.Duration(0); t <= dur; t += every {
-			out = append(out, int64(t/time.Microsecond))
+		for i := range n {
+			out = append(out, int64(time.Duration(i)*every/time.Microsecond))
 		}
 		return out, nil
 	}

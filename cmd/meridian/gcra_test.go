@@ -90,3 +90,21 @@ func TestHelp(t *testing.T) {
 		t.Errorf("unknown command: exit %d, stderr %q", code, errs)
 	}
 }
+
+func TestGCRAReviewedInputs(t *testing.T) {
+	// A negative maxWait is an error, not a silent switch to plain decide.
+	if code, _, errs := runCmd(t, "gcra", "--limit", "5/s", "--burst", "1", "--arrivals", "0", "--reserve", "-5s"); code == 0 || !strings.Contains(errs, "--reserve -5s") {
+		t.Errorf("--reserve -5s: exit %d, stderr %q", code, errs)
+	}
+	// Offsets that would overflow, or lie beyond what the core can time,
+	// are refused up front, not looped over.
+	for _, args := range [][]string{
+		{"--every", "2000000h", "--for", "2562047h47m16.854775807s"},
+		{"--every", "1h", "--for", "2562047h"},
+	} {
+		code, _, errs := runCmd(t, append([]string{"gcra", "--limit", "5/s", "--burst", "1", "--quiet"}, args...)...)
+		if code == 0 || !strings.Contains(errs, "142 years") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errs)
+		}
+	}
+}

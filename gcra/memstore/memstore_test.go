@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -600,5 +601,26 @@ func TestEvictionBeforeChangeIsExact(t *testing.T) {
 		if err1 != nil || err2 != nil || a != b {
 			t.Fatalf("t%d: kept %+v (%v), dropped %+v (%v)", i, a, err1, b, err2)
 		}
+	}
+}
+
+// TestBadNowKeepsLiveKeys: a now outside gcra's range is refused and does
+// not let the shard sweep keys that are still refilling.
+func TestBadNowKeepsLiveKeys(t *testing.T) {
+	s, _ := newStore(t, nil)
+	h := intern(t, s, "k")
+	sch := gcra.Steady(gcra.PerSecond(1, 1))
+	if r, err := s.DecideAt(h, 1000, &sch, 1); err != nil || !r.Allowed {
+		t.Fatalf("first decision: %+v, %v", r, err)
+	}
+	if _, err := s.DecideAt(h, math.MaxInt64-10, &sch, 1); !errors.Is(err, gcra.ErrBadTime) {
+		t.Fatalf("huge now: err %v, want ErrBadTime", err)
+	}
+	s.Sweep(2000)
+	if st, ok := s.Get(h.Key()); !ok || st.TAT != 1_001_000 {
+		t.Fatalf("live key lost or changed: %+v, %v", st, ok)
+	}
+	if r, err := s.DecideAt(h, 2000, &sch, 1); err != nil || r.Allowed {
+		t.Fatalf("after the bad now the key must still be spent: %+v, %v", r, err)
 	}
 }

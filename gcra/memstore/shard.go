@@ -43,8 +43,10 @@ type shard struct {
 }
 
 // observe records that a decision runs at now.
+// A now outside gcra's range is ignored here (gcra refuses the decision),
+// so a bad clock value cannot make the shard sweep live keys.
 func (sh *shard) observe(now int64) {
-	if now > sh.latest {
+	if now > sh.latest && now < gcra.MaxTime {
 		sh.latest = now
 	}
 }

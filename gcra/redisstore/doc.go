@@ -21,7 +21,8 @@
 // tag, so no tenant id can move a key to another slot or make two keys
 // collide. Its value is one integer, gcra.Pack's (TAT mod 2^37)·2^16 + epoch
 // tag, which Redis stores in the object header (encoding int), and it
-// expires (PX) at gcra.State.Rested. A key therefore costs what a bare
+// expires (PX) at gcra.State.Rested; the TAT is read back relative to
+// gcra.ReadRef. A key therefore costs what a bare
 // `SET key <int> PX ttl` costs: measured equal, 154 B per 38-byte key on
 // Redis 7.0 (TestMemoryPerKey). A composite decision needs all its keys in
 // one slot (one non-empty Tag) on every kind of client, and fails with
@@ -37,11 +38,11 @@
 // that finds its lane idle sends its decision at once, on its own goroutine:
 // a lone caller pays nothing for batching. Callers that arrive while a call
 // is in flight queue, and a runner goroutine sends them together, up to
-// Config.MaxBatch checks per call; after each batch it waits up to 20 µs
-// for the callers it just answered to queue again, so that closed-loop
+// Config.MaxBatch checks per call; after each batch of more than one op it
+// waits up to 20 µs for the callers it just answered to queue again, so that closed-loop
 // callers do not phase-lock into alternating one-op and many-op calls. Each
-// distinct schedule is sent once per call. At most Config.MaxInFlight
-// decisions are outstanding; more callers wait, or give up when their
+// distinct schedule is sent once per call. About Config.MaxInFlight
+// decisions are outstanding at most; more callers wait, or give up when their
 // context ends. A caller whose context ends while queued is dropped from
 // the queue (nothing is decided); one whose call is already on the wire gets
 // its context's error, and the decision may still have been made (a

@@ -142,7 +142,10 @@ end
 -- readstate reads and unpacks a key's state: ok, exists, tat, tag. A key of
 -- another type (pcall: WRONGTYPE fails this op alone, not the batch) or a
 -- value the script did not write is not ok.
-local function readstate(key)
+-- The TAT is read relative to gcra.ReadRef: the current limit's effective
+-- time for a state written under the previous limit of a change already in
+-- effect (it may outlive its TAT by far), now otherwise.
+local function readstate(key, hasP, pTag, cEff)
   local raw = redis.pcall('GET', key)
   if not raw then return true, false, 0, 0 end
   if type(raw) == 'table' or #raw > 16 or not string.find(raw, '^%d+$') then
@@ -152,7 +155,9 @@ local function readstate(key)
   if v >= 9007199254740992 then return false, false, 0, 0 end
   local tag = v % TAGMOD
   local low = (v - tag) / TAGMOD
-  local base = now - BEHIND
+  local ref = now
+  if hasP and tag == pTag and cEff < now then ref = cEff end
+  local base = ref - BEHIND
   return true, true, base + (low - base) % TATMOD, tag
 end
 
@@ -173,7 +178,7 @@ local function loadcheck(i, n)
   kpos = kpos + 1
   local b = (i - 1) * 9
   local cT, cB, cTag, cEff = S[b + 1], S[b + 2], S[b + 3], S[b + 4]
-  local ok, exists, tat, stag = readstate(key)
+  local ok, exists, tat, stag = readstate(key, S[b + 5], S[b + 8], cEff)
   if not ok then return false end
   if not S[b + 5] then
     if not (exists and stag == cTag) then

@@ -57,7 +57,9 @@ type Config struct {
 	// its limits) one script call carries.
 	MaxBatch int
 	// MaxInFlight caps the decisions submitted and not yet answered; more
-	// callers wait (or fail when their context ends).
+	// callers wait (or fail when their context ends). A caller that gives up
+	// while its decision is on the wire frees its place at once, so the cap
+	// can be briefly exceeded by such decisions.
 	MaxInFlight int
 	// Lanes is the number of independent batch queues on a single node or
 	// Sentinel client, each with one script call in flight; keys map to a
@@ -174,7 +176,9 @@ func (s *Store) Decide(ctx context.Context, k gcra.Key, sch gcra.Schedule, cost 
 	return out[0], nil
 }
 
-// Reserve implements gcra.Store.
+// Reserve implements gcra.Store. The script picks the limit by the
+// server's clock, so maxWait is checked against the window of both limits
+// a schedule names, before anything is sent (ErrWaitTooLong).
 func (s *Store) Reserve(ctx context.Context, k gcra.Key, sch gcra.Schedule, cost int64, maxWait time.Duration) (gcra.Result, error) {
 	mw, err := gcra.ValidateMaxWait(maxWait)
 	if err != nil {
@@ -227,6 +231,11 @@ func validate(checks []gcra.Check) error {
 		}
 		if !c.Schedule.Valid() {
 			return fmt.Errorf("redisstore: key %q: %w", c.Key.Name, c.Schedule.Validate())
+		}
+		for j := range i {
+			if checks[j].Key == c.Key {
+				return fmt.Errorf("redisstore: key %q (tag %q) listed twice in one composite", c.Key.Name, c.Key.Tag)
+			}
 		}
 	}
 	return nil

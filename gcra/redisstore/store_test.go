@@ -35,3 +35,17 @@ func TestCrossSlotUntaggedMessage(t *testing.T) {
 		t.Fatalf("err = %v, want ErrCrossSlot explaining untagged keys and naming them", err)
 	}
 }
+
+func TestCompositeDuplicateKeyRefused(t *testing.T) {
+	s, c := newTestStore(t)
+	lim := gcra.Steady(gcra.PerSecond(10, 2))
+	k := gcra.Key{Tag: "t", Name: "k"}
+	checks := []gcra.Check{{Key: k, Schedule: lim, Cost: 1}, {Key: k, Schedule: lim, Cost: 1}}
+	_, err := s.DecideAll(context.Background(), checks, make([]gcra.Result, 2))
+	if err == nil || !strings.Contains(err.Error(), "listed twice") {
+		t.Fatalf("err = %v, want a refusal naming the duplicate", err)
+	}
+	if n, _ := c.Exists(context.Background(), s.RedisKey(k)).Result(); n != 0 {
+		t.Fatal("a refused composite wrote its key")
+	}
+}
