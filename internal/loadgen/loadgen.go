@@ -213,6 +213,11 @@ func run(ctx context.Context, cfg Config, target Target, opt options) (Report, e
 	r.P50 = Percentile(all, 0.50)
 	r.P99 = Percentile(all, 0.99)
 	if lastEnd > warmAt {
+		// The window runs to the deadline, or past it to the end of the
+		// last call that started before it.
+		if ctx.Err() == nil {
+			lastEnd = max(lastEnd, endAt)
+		}
 		r.Elapsed = lastEnd - warmAt
 		r.PerSecond = float64(r.Decisions) / r.Elapsed.Seconds()
 	}
