@@ -34,7 +34,9 @@ var rules = []rule{
 	{pkg: "gcra"},
 	{pkg: "gcra/memstore", allow: []string{"gcra"}},
 	{pkg: "gcra/redisstore", allow: []string{"gcra", "github.com/redis/go-redis/v9/..."}},
-	{pkg: "rebalance"},
+	// Issue 3 ("Builds on the GCRA issue (gcra.Limit only)"): budgets and
+	// regional limits are gcra.Limit values.
+	{pkg: "rebalance", allow: []string{"gcra"}},
 	{pkg: "region", allow: concat([]string{"gcra", "rebalance"}, yaml)},
 	{pkg: "region/agent", allow: concat([]string{
 		"region", "gcra", "rebalance",

@@ -1,0 +1,164 @@
+package rebalance
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/meridian-quota/meridian/gcra"
+)
+
+// Config configures a Coordinator. DefaultConfig documents each default.
+type Config struct {
+	// Regions names every region, each once; tables list them sorted.
+	Regions []string
+	// Interval is Δ, the report and rebalance interval.
+	Interval time.Duration
+	// Lease is how long a region may run on a table without hearing from
+	// the coordinator; each table renews the leases of the regions that
+	// report.
+	Lease time.Duration
+	// MaxSkew is the largest clock difference assumed between any two
+	// regions' stores and the coordinator.
+	MaxSkew time.Duration
+	// Fence is the least time between a decrease being in force and the
+	// increase it pays for taking effect: at least the longest reservation
+	// max-wait and the local lease TTL of any agent.
+	Fence time.Duration
+	// Hysteresis θ in ppm: a key's new shares are published only when some
+	// region's share moves by at least this much.
+	Hysteresis uint32
+	// StaleAfter k: a report older than k·Δ no longer counts, and the
+	// region keeps its last share for that agent's part.
+	StaleAfter int
+	// SafeShare is each region's floor in ppm, by region name; a region
+	// not listed gets an equal part of SafeFraction.
+	SafeShare map[string]uint32
+	// SafeFraction is the part of every budget set aside as floors when
+	// SafeShare does not name a region, split equally: 0.1 gives each of
+	// n regions 10⁵/n ppm.
+	SafeFraction float64
+	// Strategy is the default strategy name; Budget.Strategy overrides it.
+	Strategy string
+	// Params configures the strategies.
+	Params Params
+	// Shadow makes the coordinator compute tables without publishing them:
+	// Ready marks them shadow, and the core assumes each in force at once.
+	Shadow bool
+}
+
+// DefaultConfig returns a configuration for regions with every default.
+func DefaultConfig(regions ...string) Config {
+	return Config{
+		Regions:      regions,
+		Interval:     5 * time.Second,        // seed 003: rebalancing "every few seconds"
+		Lease:        30 * time.Second,       // six intervals: survives a few lost tables
+		MaxSkew:      500 * time.Millisecond, // NTP-disciplined hosts, with margin
+		Fence:        2 * time.Second,        // longest reservation max-wait (seed 000 uses 2 s)
+		Hysteresis:   5_000,                  // 0.5 % of a budget: no churn from noise
+		StaleAfter:   3,                      // three silent intervals: the agent is gone
+		SafeFraction: 0.1,                    // ARCHITECTURE.md: 10 % of the budget, split equally
+		Strategy:     "ewma",
+		Params: Params{
+			AlphaUp:   0.5, // follows a rise within two intervals
+			AlphaDown: 0.1, // gives back slowly: demand blips do not strip a region
+			Headroom:  0.2,
+		},
+	}
+}
+
+// Validate reports every problem with c.
+func (c *Config) Validate() error {
+	var errs []error
+	if len(c.Regions) == 0 {
+		errs = append(errs, errors.New("rebalance: Regions: at least one region is required"))
+	}
+	seen := map[string]bool{}
+	for i, r := range c.Regions {
+		switch {
+		case r == "":
+			errs = append(errs, fmt.Errorf("rebalance: Regions[%d]: empty name", i))
+		case seen[r]:
+			errs = append(errs, fmt.Errorf("rebalance: Regions[%d] %q: listed twice", i, r))
+		}
+		seen[r] = true
+	}
+	if c.Interval < time.Millisecond {
+		errs = append(errs, fmt.Errorf("rebalance: Interval %s: must be at least 1ms", c.Interval))
+	}
+	if c.Lease < c.Interval {
+		errs = append(errs, fmt.Errorf("rebalance: Lease %s: must be at least Interval %s", c.Lease, c.Interval))
+	}
+	if c.MaxSkew < 0 {
+		errs = append(errs, fmt.Errorf("rebalance: MaxSkew %s: must not be negative", c.MaxSkew))
+	}
+	if c.Fence < 0 {
+		errs = append(errs, fmt.Errorf("rebalance: Fence %s: must not be negative", c.Fence))
+	}
+	if c.Hysteresis > PPM {
+		errs = append(errs, fmt.Errorf("rebalance: Hysteresis %d: above %d ppm", c.Hysteresis, PPM))
+	}
+	if c.StaleAfter < 1 {
+		errs = append(errs, fmt.Errorf("rebalance: StaleAfter %d: must be at least 1", c.StaleAfter))
+	}
+	if math.IsNaN(c.SafeFraction) || c.SafeFraction < 0 || c.SafeFraction > 1 {
+		errs = append(errs, fmt.Errorf("rebalance: SafeFraction %v: must be in [0, 1]", c.SafeFraction))
+	}
+	for r := range c.SafeShare {
+		if !seen[r] {
+			errs = append(errs, fmt.Errorf("rebalance: SafeShare[%q]: not a configured region", r))
+		}
+	}
+	if len(errs) == 0 {
+		safe := c.safe(slices.Sorted(slices.Values(c.Regions)))
+		sum := int64(0)
+		for _, s := range safe {
+			sum += int64(s)
+		}
+		if sum > PPM {
+			errs = append(errs, fmt.Errorf("rebalance: safe shares sum to %d ppm, above %d", sum, PPM))
+		}
+		if _, err := NewStrategy(c.Strategy, c.Regions, c.Params); err != nil {
+			errs = append(errs, fmt.Errorf("rebalance: Strategy: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// safe returns the floors in the order of regions.
+func (c *Config) safe(regions []string) []uint32 {
+	unnamed := 0
+	for _, r := range regions {
+		if _, ok := c.SafeShare[r]; !ok {
+			unnamed++
+		}
+	}
+	def := uint32(0)
+	if unnamed > 0 {
+		def = uint32(math.Floor(c.SafeFraction * PPM / float64(len(regions))))
+	}
+	out := make([]uint32, len(regions))
+	for i, r := range regions {
+		if s, ok := c.SafeShare[r]; ok {
+			out[i] = s
+		} else {
+			out[i] = def
+		}
+	}
+	return out
+}
+
+// Budget is one key's global limit and how its shares are chosen.
+type Budget struct {
+	Key   string
+	Limit gcra.Limit
+	// Strategy overrides the default strategy for this key ("" keeps it).
+	Strategy string
+	// Pinned fixes the key's shares (ppm, by region name): regions not
+	// listed get their floor. Nil means not pinned.
+	Pinned map[string]uint32
+	// Frozen keeps the key's shares as they are.
+	Frozen bool
+}

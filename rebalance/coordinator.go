@@ -1,0 +1,465 @@
+package rebalance
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Coordinator is the pure coordinator core, in the style of etcd/raft's
+// RawNode: the shell feeds it reports, acknowledgements and membership,
+// calls Tick with the time, takes the tables Ready returns, writes each with
+// compare-and-set on the previous one, publishes it, and calls Advance. It
+// reads no clock and does no I/O; the simulator drives the same code.
+//
+// A Coordinator is not safe for concurrent use: one goroutine owns it.
+type Coordinator struct {
+	cfg     Config
+	regions []string
+	ridx    map[string]int
+	safe    []uint32
+	strats  map[string]Strategy
+	nR      int
+	dt      int64 // Δ, µs
+
+	// keys, indexed densely; per key × region arrays are key*nR + region
+	budgets []Budget
+	kidx    map[string]int
+	kstrat  []Strategy
+	pinned  [][]uint32
+	cur     []uint32  // shares the latest table gives (in force once applied)
+	pub     []uint32  // shares of the latest table, to find what changed
+	demand  []float64 // per key × region: demand at the last rebalance
+	target  []uint32  // during a transition: the shares the increase will give
+	version []uint64  // per key: how many times its shares changed
+	state   []float64
+
+	agents  map[agentKey]*agentState
+	members map[agentKey]bool
+
+	term, epoch uint64
+	latest      *Table
+	leases      []int64 // per region: lease expiry of the latest table
+
+	learning     bool
+	learnUntil   int64
+	learnWaitFor map[agentKey]bool
+
+	transition bool // a decrease is out; the increase waits
+	decEpoch   uint64
+	waitUntil  int64
+	waitFor    map[agentKey]bool
+	decreased  int64 // when the decrease went out
+
+	next  int64 // next rebalance, µs
+	ready []*Table
+	now   int64
+
+	scratch scratch
+}
+
+type agentKey struct{ region, agent string }
+
+type agentState struct {
+	interval int64
+	at       int64     // when the report arrived (µs)
+	demand   []float64 // per key index: offered cost in the interval
+	keys     []int     // key indexes with demand
+	term     uint64
+	epoch    uint64 // acknowledged in force
+}
+
+type scratch struct {
+	demand  []float64
+	in      Input
+	out     []uint32
+	weights []float64
+	bursts  []int64
+	has     []bool
+	fixed   []int64
+}
+
+// Errors from Observe and friends. The input is ignored.
+var (
+	ErrUnknownRegion = errors.New("rebalance: unknown region")
+	ErrBadReport     = errors.New("rebalance: bad report")
+)
+
+// NewCoordinator returns a coordinator for cfg and budgets, at term 0 with
+// no table yet. Call StartTerm before Tick.
+func NewCoordinator(cfg Config, budgets []Budget) (*Coordinator, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	regions := slices.Sorted(slices.Values(cfg.Regions))
+	c := &Coordinator{
+		cfg:     cfg,
+		regions: regions,
+		ridx:    map[string]int{},
+		safe:    cfg.safe(regions),
+		strats:  map[string]Strategy{},
+		nR:      len(regions),
+		dt:      int64(cfg.Interval / time.Microsecond),
+		agents:  map[agentKey]*agentState{},
+		members: map[agentKey]bool{},
+		leases:  make([]int64, len(regions)),
+	}
+	for i, r := range regions {
+		c.ridx[r] = i
+	}
+	if err := c.SetBudgets(budgets); err != nil {
+		return nil, err
+	}
+	n := c.nR
+	c.scratch = scratch{
+		demand: make([]float64, n), out: make([]uint32, n), weights: make([]float64, n),
+		bursts: make([]int64, n), has: make([]bool, n), fixed: make([]int64, n),
+	}
+	return c, nil
+}
+
+// strategy returns the named strategy, made once.
+func (c *Coordinator) strategy(name string) (Strategy, error) {
+	if name == "" {
+		name = c.cfg.Strategy
+	}
+	if s, ok := c.strats[name]; ok {
+		return s, nil
+	}
+	s, err := NewStrategy(name, c.regions, c.cfg.Params)
+	if err != nil {
+		return nil, err
+	}
+	c.strats[name] = s
+	return s, nil
+}
+
+// SetBudgets replaces the budgets. Keys that stay keep their shares and
+// strategy memory; new keys start at the floors (what regions run for a key
+// no table names); removed keys leave the next table. Every problem is
+// reported and nothing changes.
+func (c *Coordinator) SetBudgets(budgets []Budget) error {
+	var errs []error
+	kidx := make(map[string]int, len(budgets))
+	kstrat := make([]Strategy, len(budgets))
+	pinned := make([][]uint32, len(budgets))
+	for i, b := range budgets {
+		where := fmt.Sprintf("rebalance: budget %d (key %q)", i, b.Key)
+		if b.Key == "" {
+			errs = append(errs, fmt.Errorf("%s: empty key", where))
+		}
+		if _, dup := kidx[b.Key]; dup {
+			errs = append(errs, fmt.Errorf("%s: key listed twice", where))
+		}
+		kidx[b.Key] = i
+		if err := b.Limit.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", where, err))
+		}
+		s, err := c.strategy(b.Strategy)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", where, err))
+		}
+		kstrat[i] = s
+		if b.Pinned != nil {
+			p := slices.Clone(c.safe)
+			for r, v := range b.Pinned {
+				ri, ok := c.ridx[r]
+				if !ok {
+					errs = append(errs, fmt.Errorf("%s: pinned region %q: %w", where, r, ErrUnknownRegion))
+					continue
+				}
+				p[ri] = v
+			}
+			if err := CheckShares(p, c.safe, false); err != nil {
+				errs = append(errs, fmt.Errorf("%s: pinned shares: %w", where, err))
+			}
+			pinned[i] = p
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	n := c.nR
+	cur := make([]uint32, len(budgets)*n)
+	version := make([]uint64, len(budgets))
+	state := make([]float64, len(budgets)*n)
+	for i, b := range budgets {
+		if old, ok := c.kidx[b.Key]; ok {
+			copy(cur[i*n:(i+1)*n], c.cur[old*n:(old+1)*n])
+			copy(state[i*n:(i+1)*n], c.state[old*n:(old+1)*n])
+			version[i] = c.version[old]
+		} else {
+			copy(cur[i*n:(i+1)*n], c.safe)
+		}
+	}
+	// Agents' demand is indexed by key; remap it.
+	for _, a := range c.agents {
+		d := make([]float64, len(budgets))
+		var keys []int
+		for _, k := range a.keys {
+			if ni, ok := kidx[c.budgets[k].Key]; ok {
+				d[ni] = a.demand[k]
+				keys = append(keys, ni)
+			}
+		}
+		a.demand, a.keys = d, keys
+	}
+	c.budgets, c.kidx, c.kstrat, c.pinned = slices.Clone(budgets), kidx, kstrat, pinned
+	c.cur, c.version, c.state = cur, version, state
+	c.target = nil
+	c.transition = false
+	return nil
+}
+
+// Regions returns the regions in table order.
+func (c *Coordinator) Regions() []string { return slices.Clone(c.regions) }
+
+// Term returns the coordinator's term.
+func (c *Coordinator) Term() uint64 { return c.term }
+
+// Learning reports whether the coordinator is still republishing the
+// table it inherited.
+func (c *Coordinator) Learning() bool { return c.learning }
+
+// StartTerm makes the coordinator act under term from now on. latest is
+// the newest table stored (nil for a fresh cluster): its shares become the
+// shares in force, and the coordinator republishes them — learning mode —
+// until every agent that table names acknowledges the republished table,
+// or one lease plus the maximum skew has passed. Failover never resets
+// shares. The term must be above every term seen.
+func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
+	if term <= c.term || (latest != nil && term <= latest.Term) {
+		return fmt.Errorf("rebalance: term %d is not above the current term %d", term, max(c.term, termOf(latest)))
+	}
+	c.term, c.now = term, now
+	c.transition, c.target = false, nil
+	if latest != nil {
+		c.epoch = max(c.epoch, latest.Epoch)
+		c.adopt(latest)
+	}
+	c.latest = latest
+	c.learning = latest != nil && !c.cfg.Shadow
+	c.learnUntil = now + int64(c.cfg.Lease/time.Microsecond) + int64(c.cfg.MaxSkew/time.Microsecond)
+	c.learnWaitFor = map[agentKey]bool{}
+	if latest != nil {
+		for ri, agents := range latest.Agents {
+			for _, a := range agents {
+				c.learnWaitFor[agentKey{latest.Regions[ri], a}] = true
+			}
+		}
+		for i, r := range latest.Regions {
+			if ri, ok := c.ridx[r]; ok && i < len(latest.Leases) {
+				c.leases[ri] = latest.Leases[i]
+			}
+		}
+	}
+	c.publish(now, now, c.cur)
+	c.next = now + c.dt
+	return nil
+}
+
+func termOf(t *Table) uint64 {
+	if t == nil {
+		return 0
+	}
+	return t.Term
+}
+
+// adopt takes a stored table's shares as the shares in force.
+func (c *Coordinator) adopt(t *Table) {
+	n := c.nR
+	for _, ks := range t.Keys {
+		k, ok := c.kidx[ks.Key]
+		if !ok || len(ks.Shares) != len(t.Regions) {
+			continue
+		}
+		row := c.cur[k*n : (k+1)*n]
+		copy(row, c.safe)
+		for i, r := range t.Regions {
+			if ri, ok := c.ridx[r]; ok {
+				row[ri] = ks.Shares[i]
+			}
+		}
+		c.version[k] = ks.Version
+	}
+}
+
+// MemberChange replaces the set of live agents. Membership names the agents
+// a new table waits for; it never shortens a wait already begun.
+func (c *Coordinator) MemberChange(members []Member) error {
+	m := make(map[agentKey]bool, len(members))
+	for _, mb := range members {
+		if _, ok := c.ridx[mb.Region]; !ok {
+			return fmt.Errorf("rebalance: member %q in region %q: %w", mb.Agent, mb.Region, ErrUnknownRegion)
+		}
+		if mb.Agent == "" {
+			return fmt.Errorf("rebalance: member in region %q: empty agent name", mb.Region)
+		}
+		m[agentKey{mb.Region, mb.Agent}] = true
+	}
+	c.members = m
+	return nil
+}
+
+// Ack records that an agent has the table (term, epoch) in force.
+func (c *Coordinator) Ack(region, agent string, term, epoch uint64) error {
+	if _, ok := c.ridx[region]; !ok {
+		return fmt.Errorf("rebalance: ack from %q in %q: %w", agent, region, ErrUnknownRegion)
+	}
+	if agent == "" {
+		return fmt.Errorf("%w: ack from region %q with no agent name", ErrBadReport, region)
+	}
+	a := c.agent(agentKey{region, agent})
+	if term > a.term || (term == a.term && epoch > a.epoch) {
+		a.term, a.epoch = term, epoch
+	}
+	return nil
+}
+
+func (c *Coordinator) agent(k agentKey) *agentState {
+	a := c.agents[k]
+	if a == nil {
+		a = &agentState{interval: math.MinInt64, demand: make([]float64, len(c.budgets))}
+		c.agents[k] = a
+	}
+	return a
+}
+
+// Observe takes one agent's demand report, received at now (µs). A report
+// must name a known region and an agent, be for a closed interval (not
+// later than the one before now), not repeat or precede that agent's last
+// report, and carry no negative counts or unknown keys (unknown keys are
+// reported, the rest of the report still counts). It also acknowledges the
+// table the agent had in force.
+func (c *Coordinator) Observe(r *Report, now int64) error {
+	if _, ok := c.ridx[r.Region]; !ok {
+		return fmt.Errorf("rebalance: report from %q in %q: %w", r.Agent, r.Region, ErrUnknownRegion)
+	}
+	if r.Agent == "" {
+		return fmt.Errorf("%w: region %q: no agent name", ErrBadReport, r.Region)
+	}
+	if closed := now/c.dt - 1; r.Interval > closed {
+		return fmt.Errorf("%w: %s/%s interval %d is not closed yet (latest closed: %d)", ErrBadReport, r.Region, r.Agent, r.Interval, closed)
+	}
+	k := agentKey{r.Region, r.Agent}
+	a := c.agent(k)
+	if r.Interval <= a.interval {
+		return fmt.Errorf("%w: %s/%s interval %d: already have interval %d", ErrBadReport, r.Region, r.Agent, r.Interval, a.interval)
+	}
+	for i, kd := range r.Keys {
+		if kd.Offered < 0 || kd.OfferedCost < 0 || kd.Admitted < 0 || kd.Denied < 0 {
+			return fmt.Errorf("%w: %s/%s key %d (%q): negative count", ErrBadReport, r.Region, r.Agent, i, kd.Key)
+		}
+	}
+	for _, ki := range a.keys {
+		a.demand[ki] = 0
+	}
+	a.keys = a.keys[:0]
+	var unknown []string
+	for _, kd := range r.Keys {
+		ki, ok := c.kidx[kd.Key]
+		if !ok {
+			unknown = append(unknown, kd.Key)
+			continue
+		}
+		if a.demand[ki] == 0 {
+			a.keys = append(a.keys, ki)
+		}
+		a.demand[ki] += float64(kd.OfferedCost)
+	}
+	a.interval, a.at = r.Interval, now
+	if r.Term > a.term || (r.Term == a.term && r.Epoch > a.epoch) {
+		a.term, a.epoch = r.Term, r.Epoch
+	}
+	if len(unknown) > 0 {
+		return fmt.Errorf("%w: %s/%s: %d unknown keys (first %q) ignored", ErrBadReport, r.Region, r.Agent, len(unknown), unknown[0])
+	}
+	return nil
+}
+
+// fresh reports whether an agent's report still counts at now.
+func (c *Coordinator) fresh(a *agentState, now int64) bool {
+	return a.interval != math.MinInt64 && now/c.dt-1-a.interval < int64(c.cfg.StaleAfter)
+}
+
+// acked reports whether agent k has a table at least (term, epoch) in force.
+func (c *Coordinator) acked(k agentKey, term, epoch uint64) bool {
+	a := c.agents[k]
+	return a != nil && (a.term > term || (a.term == term && a.epoch >= epoch))
+}
+
+// Tick advances the coordinator to now (µs): it ends learning mode, sends
+// the increase of a transition whose decrease is in force, and rebalances
+// every Δ. Tables to publish appear in Ready.
+func (c *Coordinator) Tick(now int64) {
+	if c.term == 0 {
+		return // no term yet: StartTerm first
+	}
+	c.now = max(c.now, now)
+	now = c.now
+	if c.learning {
+		done := now >= c.learnUntil
+		if !done {
+			done = true
+			for k := range c.learnWaitFor {
+				if !c.acked(k, c.term, c.latest.Epoch) {
+					done = false
+					break
+				}
+			}
+		}
+		if done {
+			c.learning = false
+		} else {
+			if now >= c.next {
+				c.publish(now, now, c.cur) // renew the leases, shares unchanged
+				c.next = now + c.dt
+			}
+			return
+		}
+	}
+	if c.transition && c.decreaseInForce(now) {
+		eff := max(now, c.decreased+int64(c.cfg.Fence/time.Microsecond))
+		c.cur, c.target = c.target, nil
+		c.transition = false
+		c.publish(now, eff, c.cur)
+	}
+	if now < c.next {
+		return
+	}
+	c.next = now + c.dt
+	if c.transition {
+		c.publish(now, now, c.cur) // renew the leases while the decrease lands
+		return
+	}
+	c.rebalance(now)
+}
+
+// decreaseInForce reports whether every agent named for a decreasing region
+// has the decrease (or a later table) in force, or the previous lease plus
+// the maximum skew has passed.
+func (c *Coordinator) decreaseInForce(now int64) bool {
+	if now >= c.waitUntil {
+		return true
+	}
+	for k := range c.waitFor {
+		if !c.acked(k, c.term, c.decEpoch) {
+			return false
+		}
+	}
+	return true
+}
+
+// Ready returns the tables produced since the last Advance, oldest first.
+// The shell writes each with compare-and-set on the previous one before it
+// publishes it; a failed write means another coordinator holds a newer term
+// and this one must stop. Shadow tables (Config.Shadow) are for display.
+func (c *Coordinator) Ready() []*Table { return c.ready }
+
+// Advance tells the coordinator the tables from Ready were handled.
+func (c *Coordinator) Advance() { c.ready = c.ready[:0] }
+
+// Latest returns the newest table produced (nil before the first).
+func (c *Coordinator) Latest() *Table { return c.latest }

@@ -1,0 +1,124 @@
+// Package rebalance decides how each key's global budget is split across
+// regions: pure share strategies, the helpers that turn shares into regional
+// limits, and the coordinator core that publishes share tables. It imports
+// only the standard library and gcra, reads no clock and uses no randomness;
+// the simulator and production run the same code.
+//
+// # Model
+//
+// A key's budget is one gcra.Limit (emission interval T in µs, Burst). Each
+// region r holds a share s_r in integer parts per million (PPM): a table
+// never gives a region less than its safe share safe_r, and the shares of a
+// key sum to at most PPM (only the full strategy, which the configuration
+// must allow, goes above). A region's limit follows from the global limit's
+// rounded T, never from the configured rate: T_r = ceil(T·10⁶/s_r), so
+// Σ 1/T_r ≤ 1/T (RegionalLimit). The global burst is split in proportion to
+// the shares by largest remainder, so the bursts never sum above it; a
+// region with demand and a share keeps a burst of at least 1 unless the
+// global burst is smaller than the number of such regions, in which case
+// the regions with the largest shares get one unit each and the others 0
+// (they deny until the burst or their share grows) (SplitBurst, Derive).
+//
+// # Strategies
+//
+// A Strategy turns one key's Input — the budget, each region's offered
+// demand in the last interval (cost per second), the last shares, the
+// floors, and the strategy's own per-key State — into shares. Every
+// strategy but full follows one rule: floors first (region r gets safe_r),
+// then the distributable D = PPM − Σ safe_r is split by largest remainder
+// (Split) in proportion to the strategy's weights, so the shares sum to
+// exactly PPM (proportional and ewma may instead keep the last table, which
+// sums to at most PPM). The strategies differ only in their weights. A demand in
+// ppm of the budget is demand·T: demand divided by the budget's rate of
+// 10⁶/T per second, times PPM.
+//
+//   - static: weights configured per region (a region left out weighs 0),
+//     or an equal split when none are. Predictable and immune to noisy
+//     reports, but blind to where traffic is: a region whose users moved
+//     away keeps their budget. Reference: the fixed-share option of seed
+//     003 (multi-region budgets).
+//   - home: the home region gets all of D, the others only their floors.
+//     For a key whose traffic lives in one region, with the floors as
+//     insurance for the rest; wrong for a key that moves. Reference: the
+//     per-tenant home region of seed 003.
+//   - proportional: weights are the demand of the last interval; with no
+//     demand anywhere it keeps the last shares (if they still fit the
+//     floors and PPM), else splits equally. Follows demand within one
+//     interval, and with it every burst and lull of the reports: shares
+//     flap when demand is noisy. Reference: the periodic rebalancing of
+//     seed 003.
+//   - ewma: proportional on demand smoothed per region in State,
+//     s ← s + α(d − s), with α = alpha_up when demand rises above the
+//     smoothed value and alpha_down when it falls (fast up, slow down). A
+//     region whose traffic grows gets share within an interval or two,
+//     and a brief lull does not strip it; the price is budget held for a
+//     while by a region whose demand has gone. With no demand and all
+//     State zero it keeps the last shares as proportional does; without
+//     State (nil) it cannot remember and behaves like proportional.
+//     Reference: exponential smoothing as in TCP's SRTT (RFC 6298), with
+//     two gains.
+//   - maxmin: water-filling with floors and headroom (max-min fairness):
+//     each region's demand counts as c_r = demand·T·(1+h) ppm (to the
+//     nearest ppm, at most PPM); region r gets max(safe_r, min(c_r, L)) with the common
+//     level L raised until the PPM is used up (the last few ppm, fewer than
+//     the regions still rising, go one each in name order). When every
+//     c_r is met the rest goes in proportion to c_r (equally when no region
+//     has demand). Small regions get all they ask for and the large ones
+//     split what remains evenly, so one hot region cannot starve the
+//     others; but a region's share above its demand·(1+h) goes to others,
+//     so a sudden rise waits an interval (h is the margin for it).
+//     Reference: Bertsekas and Gallager, Data Networks, ch. 6 (max-min
+//     flow control).
+//   - doorman-proportional: Doorman's PROPORTIONAL_SHARE on D
+//     (DoormanProportional): wants are demand in ppm, every region counts
+//     as a client (one without demand leaves its equal share D/n to the
+//     others); in overload each region is sure of min(want, D/n) and the
+//     capacity left by the small ones goes in proportion to the excess
+//     wants. It gives the largest region more than maxmin does and the
+//     middle ones less (Doorman's example: 69.69, 40.31, 10 against 60, 50,
+//     10).
+//   - doorman-fair: Doorman's FAIR_SHARE on D (DoormanFair): the capacity
+//     left below the equal share is shared equally in two rounds, then it
+//     stops, so a region may get a little more than it wants while a larger
+//     one gets less than maxmin would give it. For comparison with Doorman
+//     deployments; prefer maxmin otherwise.
+//   - full: every region gets the whole budget (PPM each). The naive
+//     baseline: no coordination at all, and up to n times the budget
+//     admitted. Refused unless the configuration says allow_overcommit:
+//     true, and counted as over-admission. Reference: the full-budget
+//     option of seed 003.
+//
+// For both Doorman strategies the grants are computed for all regions at
+// once (Doorman grants one request at a time) and each is capped, in
+// region-name order, at D minus the grants before it; capacity they leave
+// ungranted goes in proportion to the grants, equally when there are none,
+// so the shares still sum to PPM. Reference: github.com/youtube/doorman,
+// go/server/doorman/algorithm.go.
+//
+// Rounding is exact integer largest remainder, with ties going to the
+// region whose name sorts first. Every sum runs in region-name order, so a
+// strategy's result depends on the regions' names, never on the order they
+// are listed in or on map order. For proportional, ewma and maxmin, raising
+// only one region's demand never lowers its share; doorman-proportional
+// holds it up to floating-point rounding of Doorman's formulas.
+//
+// Bad input: a NaN, infinite or negative demand counts as 0 (the
+// coordinator rejects it first; see Input.Validate). A zero budget still
+// gets shares (its derived limits are zero and deny everything); maxmin
+// and the Doorman strategies, which measure demand against the budget's
+// rate, then see no demand and split D equally. Floors summing above PPM
+// cannot all be kept: Input.Validate and the coordinator's configuration
+// reject them, and a strategy given them anyway writes the floors scaled
+// down to sum to PPM, so no table ever sums above PPM. NewStrategy rejects
+// bad parameters with every problem listed.
+//
+// Strategies are immutable after NewStrategy and safe for concurrent use on
+// different Inputs; Allocate allocates nothing (its scratch space comes from
+// a sync.Pool). Allocate's out must not share memory with the Input, and
+// the Input's slices must be indexed like the regions given to NewStrategy
+// (Allocate panics on a length mismatch: a programming error).
+//
+// # Coordinator
+//
+// See Coordinator.
+package rebalance

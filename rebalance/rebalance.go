@@ -1,0 +1,262 @@
+package rebalance
+
+import (
+	"slices"
+	"time"
+
+	"github.com/meridian-quota/meridian/gcra"
+)
+
+// rebalance computes new shares for every key and publishes them, in two
+// steps when any share falls: the decreases at once, the increases once the
+// decreases are in force (see Tick).
+func (c *Coordinator) rebalance(now int64) {
+	n := c.nR
+	K := len(c.budgets)
+	skew := int64(c.cfg.MaxSkew / time.Microsecond)
+	alive := make([]bool, n)
+	for k, a := range c.agents {
+		if c.fresh(a, now) {
+			alive[c.ridx[k.region]] = true
+		}
+	}
+	expired := make([]bool, n)
+	for r := range n {
+		expired[r] = !alive[r] && now >= c.leases[r]+skew
+	}
+	// Demand per key and region: each agent's last fresh report (a
+	// missing agent counts as last known; a stale one no longer counts).
+	if len(c.demand) != K*n {
+		c.demand = make([]float64, K*n)
+	} else {
+		clear(c.demand)
+	}
+	perSec := 1 / c.cfg.Interval.Seconds()
+	for k, a := range c.agents {
+		if !c.fresh(a, now) {
+			continue
+		}
+		r := c.ridx[k.region]
+		for _, ki := range a.keys {
+			c.demand[ki*n+r] += a.demand[ki] * perSec
+		}
+	}
+
+	desired := make([]uint32, K*n)
+	decrease := false
+	sc := &c.scratch
+	for k := range K {
+		row := c.cur[k*n : (k+1)*n]
+		d := desired[k*n : (k+1)*n]
+		b := &c.budgets[k]
+		strat := c.kstrat[k]
+		switch {
+		case c.pinned[k] != nil:
+			copy(d, c.pinned[k])
+		case b.Frozen:
+			copy(d, row)
+		default:
+			sc.in = Input{Budget: b.Limit, Demand: c.demand[k*n : (k+1)*n], Last: row, Safe: c.safe, State: c.state[k*n : (k+1)*n]}
+			strat.Allocate(&sc.in, d)
+		}
+		if !strat.Overcommit() || c.pinned[k] != nil || b.Frozen {
+			c.holdSilent(d, row, alive, expired)
+			if c.small(d, row) {
+				copy(d, row)
+			}
+		}
+		for r := range n {
+			if d[r] < row[r] {
+				decrease = true
+			}
+		}
+	}
+	if !decrease || c.cfg.Shadow {
+		c.cur = desired
+		c.publish(now, now, c.cur)
+		return
+	}
+	// Break before make: publish min(current, desired) now; the increases
+	// wait until every agent the previous table named in a decreasing
+	// region has the decrease in force, or its lease plus skew has passed.
+	dec := make([]uint32, K*n)
+	decRegion := make([]bool, n)
+	for i := range dec {
+		dec[i] = min(c.cur[i], desired[i])
+		if desired[i] < c.cur[i] {
+			decRegion[i%n] = true
+		}
+	}
+	c.waitFor = map[agentKey]bool{}
+	c.waitUntil = now
+	for r := range n {
+		if !decRegion[r] {
+			continue
+		}
+		c.waitUntil = max(c.waitUntil, c.leases[r]+skew)
+		for _, a := range c.prevAgents(r) {
+			c.waitFor[agentKey{c.regions[r], a}] = true
+		}
+	}
+	c.cur, c.target = dec, desired
+	c.transition = true
+	c.decreased = now
+	c.publish(now, now, c.cur)
+	c.decEpoch = c.epoch
+}
+
+// holdSilent keeps a silent region's share until its lease plus skew has
+// passed, then gives it only its floor, and fits the other regions' shares
+// into what is left (each keeps its floor; the rest is split by largest
+// remainder in proportion to what the strategy gave them above their
+// floors).
+func (c *Coordinator) holdSilent(d, cur []uint32, alive, expired []bool) {
+	n := c.nR
+	left := int64(PPM)
+	fixed := false
+	for r := range n {
+		switch {
+		case alive[r]:
+			left -= int64(c.safe[r])
+			continue
+		case expired[r]:
+			d[r] = c.safe[r]
+		default:
+			d[r] = cur[r]
+		}
+		left -= int64(d[r])
+		fixed = true
+	}
+	if !fixed {
+		return
+	}
+	sc := &c.scratch
+	for r := range n {
+		sc.weights[r] = 0
+		if alive[r] {
+			sc.weights[r] = float64(d[r] - c.safe[r])
+		}
+	}
+	if left < 0 {
+		left = 0
+	}
+	Split(left, sc.weights, sc.fixed)
+	anyWeight := false
+	for r := range n {
+		if sc.weights[r] > 0 {
+			anyWeight = true
+		}
+	}
+	if !anyWeight {
+		// No live region asked for anything above its floor: share the
+		// freed part equally among the live regions.
+		for r := range n {
+			if alive[r] {
+				sc.weights[r] = 1
+			}
+		}
+		Split(left, sc.weights, sc.fixed)
+	}
+	for r := range n {
+		if alive[r] {
+			d[r] = c.safe[r] + uint32(sc.fixed[r])
+		}
+	}
+}
+
+// small reports whether no region's share moves by the hysteresis or more.
+func (c *Coordinator) small(d, cur []uint32) bool {
+	for r := range d {
+		diff := int64(d[r]) - int64(cur[r])
+		if diff >= int64(c.cfg.Hysteresis) || -diff >= int64(c.cfg.Hysteresis) {
+			return false
+		}
+	}
+	return true
+}
+
+// publish makes the next table with the given shares, effective at eff.
+func (c *Coordinator) publish(now, eff int64, shares []uint32) {
+	n := c.nR
+	K := len(c.budgets)
+	lease := int64(c.cfg.Lease / time.Microsecond)
+	c.epoch++
+	t := &Table{
+		Term: c.term, Epoch: c.epoch, Issued: now, Effective: eff,
+		Regions: c.regions, Leases: make([]int64, n), Agents: make([][]string, n),
+		Keys: make([]KeyShares, K), Shadow: c.cfg.Shadow,
+	}
+	// Leases are renewed for regions with a fresh report or a live member.
+	named := make([]map[string]bool, n)
+	for r := range named {
+		named[r] = map[string]bool{}
+	}
+	for k := range c.members {
+		named[c.ridx[k.region]][k.agent] = true
+	}
+	for k, a := range c.agents {
+		if c.fresh(a, now) {
+			named[c.ridx[k.region]][k.agent] = true
+		}
+	}
+	for r := range n {
+		if len(named[r]) > 0 || c.latest == nil {
+			c.leases[r] = max(c.leases[r], now+lease)
+		}
+		t.Leases[r] = c.leases[r]
+		for a := range named[r] {
+			t.Agents[r] = append(t.Agents[r], a)
+		}
+		if t.Agents[r] == nil {
+			// Nobody answers for this region now; keep naming who the
+			// previous table named, so their wait is not shortened.
+			t.Agents[r] = c.prevAgents(r)
+		}
+		slices.Sort(t.Agents[r])
+	}
+	allShares := make([]uint32, K*n)
+	copy(allShares, shares)
+	limits := make([]gcra.Limit, K*n)
+	sc := &c.scratch
+	for k := range K {
+		row := allShares[k*n : (k+1)*n]
+		changed := c.pub == nil || len(c.pub) != K*n
+		if !changed {
+			for r := range n {
+				if c.pub[k*n+r] != row[r] {
+					changed = true
+					break
+				}
+			}
+		}
+		if changed {
+			c.version[k]++
+		}
+		for r := range n {
+			sc.has[r] = row[r] > 0 && (len(c.demand) != K*n || c.demand[k*n+r] > 0)
+		}
+		b := c.budgets[k].Limit
+		SplitBurst(b.Burst(), row, sc.has, sc.weights, sc.bursts)
+		lim := limits[k*n : (k+1)*n]
+		for r := range n {
+			lim[r] = RegionalLimit(b, row[r], sc.bursts[r])
+		}
+		t.Keys[k] = KeyShares{Key: c.budgets[k].Key, Budget: b, Shares: row, Limits: lim, Version: c.version[k]}
+	}
+	c.pub = allShares
+	c.latest = t
+	c.ready = append(c.ready, t)
+}
+
+// prevAgents returns the agents the latest table named in region r.
+func (c *Coordinator) prevAgents(r int) []string {
+	if c.latest == nil {
+		return nil
+	}
+	for i, name := range c.latest.Regions {
+		if name == c.regions[r] && i < len(c.latest.Agents) {
+			return slices.Clone(c.latest.Agents[i])
+		}
+	}
+	return nil
+}

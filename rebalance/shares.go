@@ -1,0 +1,207 @@
+package rebalance
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+
+	"github.com/meridian-quota/meridian/gcra"
+)
+
+// PPM is a whole budget in parts per million: the shares of a key across
+// regions sum to at most PPM.
+const PPM = 1_000_000
+
+// Split divides total integer units among len(weights) parts in proportion
+// to weights by largest remainder: each part gets floor(total·w/Σw), and
+// the units left over go one each to the largest fractional remainders,
+// ties to the lower index. The parts sum to exactly total when some weight
+// is positive; with none every part is 0, as it is when total ≤ 0. A
+// weight that is negative, NaN or infinite counts as 0. out must have
+// len(weights) elements. It allocates nothing.
+//
+// The arithmetic is exact: each weight is first scaled by a power of two
+// (exactly) so the largest lies in [2^(t−1), 2^t) with t = 64 − bits.Len(n)
+// for n weights, and its fraction dropped; quotients and remainders are then
+// integers (128-bit products), so no floating-point rounding can give a unit
+// twice, lose one, or order two remainders wrongly. Weights that are
+// integers below 2^53 (shares, ppm) are therefore split exactly; a weight
+// below 2^-(t) of the largest counts as 0. Raising one weight never lowers
+// that part (for up to 31 parts; a quota that rises while every other falls
+// cannot lose its unit).
+func Split(total int64, weights []float64, out []int64) {
+	splitRanked(total, weights, nil, out)
+}
+
+// splitRanked is Split with ties between equal remainders going to the
+// lower rank[i] instead of the lower index (rank nil: the index). The
+// strategies rank regions by name, so their results do not depend on the
+// order the regions are listed in.
+func splitRanked(total int64, weights []float64, rank []int, out []int64) {
+	n := len(weights)
+	for i := range out {
+		out[i] = 0
+	}
+	if total <= 0 || n == 0 {
+		return
+	}
+	top := 0.0
+	for _, w := range weights {
+		if w > top && !math.IsInf(w, 1) {
+			top = w
+		}
+	}
+	if top == 0 {
+		return
+	}
+	_, e := math.Frexp(top) // top = f·2^e, f in [0.5, 1)
+	shift := 64 - bits.Len(uint(n)) - e
+	units := func(w float64) uint64 {
+		if !(w > 0) || math.IsInf(w, 1) {
+			return 0
+		}
+		return uint64(math.Ldexp(w, shift)) // < 2^(64−bits.Len(n)): exact, truncated
+	}
+	sum := uint64(0) // < n·2^(64−bits.Len(n)) ≤ 2^64
+	for _, w := range weights {
+		sum += units(w)
+	}
+	key := func(i int) int {
+		if rank == nil {
+			return i
+		}
+		return rank[i]
+	}
+	// First pass: out holds each remainder (total·u mod sum, as bits).
+	given := int64(0)
+	for i, w := range weights {
+		hi, lo := bits.Mul64(uint64(total), units(w))
+		q, r := bits.Div64(hi, lo, sum) // hi < sum: total < 2^64 and u ≤ sum
+		given += int64(q)
+		out[i] = int64(r)
+	}
+	// left < n units go to the largest remainders: find the left-th in the
+	// order (remainder descending, key ascending) without sorting.
+	left := total - given
+	var cutR uint64
+	cutK := -1
+	for u := int64(0); u < left; u++ {
+		best := -1
+		var bestR uint64
+		bestK := 0
+		for i := range out {
+			r, k := uint64(out[i]), key(i)
+			if cutK >= 0 && (r > cutR || (r == cutR && k <= cutK)) {
+				continue // already among the winners
+			}
+			if best < 0 || r > bestR || (r == bestR && k < bestK) {
+				best, bestR, bestK = i, r, k
+			}
+		}
+		cutR, cutK = bestR, bestK
+	}
+	for i, w := range weights {
+		r, k := uint64(out[i]), key(i)
+		hi, lo := bits.Mul64(uint64(total), units(w))
+		q, _ := bits.Div64(hi, lo, sum)
+		out[i] = int64(q)
+		if cutK >= 0 && (r > cutR || (r == cutR && k <= cutK)) {
+			out[i]++
+		}
+	}
+}
+
+// RegionalLimit derives a region's limit from the global one and its share
+// s (ppm): T_r = ceil(T·10⁶/s), so the regions' rates never sum above the
+// global rate, with the given burst. A zero share or zero burst is the zero
+// limit (deny everything).
+func RegionalLimit(global gcra.Limit, share uint32, burst int64) gcra.Limit {
+	t := global.IntervalMicros()
+	if share == 0 || burst <= 0 || t <= 0 || t > gcra.MaxWindowMicros {
+		return gcra.Limit{}
+	}
+	num := t * PPM // T ≤ MaxWindow (~2^37 µs), so this fits in 64 bits
+	tr := num / int64(share)
+	if num%int64(share) != 0 {
+		tr++
+	}
+	if tr > gcra.MaxWindowMicros {
+		// A share this small of a slow limit cannot be expressed within the
+		// window; the region gets nothing rather than more than its share.
+		return gcra.Limit{}
+	}
+	b := min(burst, gcra.MaxWindowMicros/tr)
+	if b < 1 {
+		return gcra.Limit{}
+	}
+	return gcra.FromInterval(tr, b)
+}
+
+// SplitBurst divides the global burst among regions in proportion to their
+// shares by largest remainder (Split), so the parts never sum above the
+// global burst, then gives every region with demand and a non-zero share a
+// burst of at least 1: such regions are served largest share first (ties to
+// the lower index), each taking one unit from the region holding the most
+// that can spare one (a region with demand and a share keeps at least 1, any
+// other region may go to 0). When the global burst is smaller than the
+// number of such regions that cannot be done without exceeding it: the
+// regions with demand and the largest shares get one unit each and the
+// others get 0, so they deny until the burst or their share grows. weights
+// is scratch space and out receives the bursts; both have len(shares)
+// elements, as does demand. It allocates nothing.
+func SplitBurst(burst int64, shares []uint32, demand []bool, weights []float64, out []int64) {
+	for i, s := range shares {
+		weights[i] = float64(s)
+	}
+	Split(burst, weights, out)
+	needs := func(i int) bool { return shares[i] > 0 && demand[i] }
+	for {
+		taker := -1
+		for i := range shares {
+			if needs(i) && out[i] == 0 && (taker < 0 || shares[i] > shares[taker]) {
+				taker = i
+			}
+		}
+		if taker < 0 {
+			return
+		}
+		donor := -1
+		for j := range out {
+			keep := int64(0)
+			if needs(j) {
+				keep = 1
+			}
+			if out[j] > keep && (donor < 0 || out[j] > out[donor]) {
+				donor = j
+			}
+		}
+		if donor < 0 {
+			return // fewer units than regions with demand
+		}
+		out[donor]--
+		out[taker]++
+	}
+}
+
+// ErrBadShares reports shares that break the table's rules.
+var ErrBadShares = errors.New("rebalance: invalid shares")
+
+// CheckShares verifies one key's shares: each at least its floor, and the
+// sum at most PPM (unless overcommit is allowed, for the full strategy).
+func CheckShares(shares, safe []uint32, overcommit bool) error {
+	if len(safe) != len(shares) {
+		return fmt.Errorf("%w: %d shares for %d floors", ErrBadShares, len(shares), len(safe))
+	}
+	sum := int64(0)
+	for i, s := range shares {
+		if s < safe[i] {
+			return fmt.Errorf("%w: region %d share %d below its floor %d", ErrBadShares, i, s, safe[i])
+		}
+		sum += int64(s)
+	}
+	if sum > PPM && !overcommit {
+		return fmt.Errorf("%w: shares sum to %d ppm, above %d", ErrBadShares, sum, PPM)
+	}
+	return nil
+}

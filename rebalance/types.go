@@ -1,0 +1,76 @@
+package rebalance
+
+import "github.com/meridian-quota/meridian/gcra"
+
+// Demand is what one agent saw of one key in one report interval. Offered
+// (admitted + denied) drives allocation: admitted alone is censored by the
+// share the region already had.
+type Demand struct {
+	Offered     int64 // requests
+	OfferedCost int64 // cost units
+	Admitted    int64 // cost units admitted
+	Denied      int64 // cost units denied
+}
+
+// KeyDemand is one key's demand in a report.
+type KeyDemand struct {
+	Key string
+	Demand
+}
+
+// Report is one agent's demand report for one closed interval of length Δ
+// (interval index i covers [i·Δ, (i+1)·Δ)), with the table it had in force
+// and its policy version. Keys lists only keys with demand.
+type Report struct {
+	Region        string
+	Agent         string
+	Interval      int64
+	Term, Epoch   uint64 // the table in force at the agent at the end of the interval
+	PolicyVersion string
+	Keys          []KeyDemand
+}
+
+// Member is one live agent as membership sees it.
+type Member struct {
+	Region string
+	Agent  string
+}
+
+// KeyShares is one key's row of a share table: per region (in the table's
+// region order) the share in ppm and the derived regional limit.
+type KeyShares struct {
+	Key    string
+	Budget gcra.Limit
+	Shares []uint32
+	Limits []gcra.Limit
+	// Version counts the changes to this key's shares, one per table that
+	// changed them: the epoch a region passes to its store for this key
+	// (gcra.Version.Epoch), so the key's state is converted only when its
+	// limit really changed and consecutive limits have consecutive tags.
+	Version uint64
+}
+
+// Table is the coordinator's assignment. Tables are ordered by (Term,
+// Epoch). A region applies a table's shares from Effective on; Leases[r] is
+// how long region r may run on it without hearing from the coordinator.
+// Agents lists, per region, the agents the table names (those whose
+// acknowledgements an increase waits for).
+type Table struct {
+	Term          uint64
+	Epoch         uint64
+	Issued        int64 // µs
+	Effective     int64 // µs
+	PolicyVersion string
+	Regions       []string
+	Leases        []int64    // µs, per region
+	Agents        [][]string // per region, sorted
+	Keys          []KeyShares
+	// Shadow marks a table computed by a shadow coordinator: for display,
+	// never to be published or applied.
+	Shadow bool
+}
+
+// Newer reports whether t is ordered after (term, epoch).
+func (t *Table) Newer(term, epoch uint64) bool {
+	return t.Term > term || (t.Term == term && t.Epoch > epoch)
+}
