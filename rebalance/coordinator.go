@@ -29,11 +29,14 @@ type Coordinator struct {
 	kidx    map[string]int
 	kstrat  []Strategy
 	pinned  [][]uint32
-	cur     []uint32  // shares the latest table gives (in force once applied)
-	pub     []uint32  // shares of the latest table, to find what changed
-	demand  []float64 // per key × region: demand at the last rebalance
-	target  []uint32  // during a transition: the shares the increase will give
-	version []uint64  // per key: how many times its shares changed
+	cur     []uint32    // shares the latest table gives (in force once applied)
+	pub     []uint32    // shares of the latest table, to find what changed
+	rows    []KeyShares // per key: the latest table's row (immutable once published)
+	stamp   []uint64    // per key: the report that last counted it (Observe)
+	seq     uint64      // reports observed
+	demand  []float64   // per key × region: demand at the last rebalance
+	target  []uint32    // during a transition: the shares the increase will give
+	version []uint64    // per key: how many times its shares changed
 	state   []float64
 
 	agents  map[agentKey]*agentState
@@ -45,13 +48,16 @@ type Coordinator struct {
 
 	learning     bool
 	learnUntil   int64
+	learnEpoch   uint64 // the first republished table: acks at or after it end learning
 	learnWaitFor map[agentKey]bool
 
 	transition bool // a decrease is out; the increase waits
 	decEpoch   uint64
 	waitUntil  int64
 	waitFor    map[agentKey]bool
-	decreased  int64 // when the decrease went out
+	decreased  int64              // when the decrease went out
+	fence      int64              // the last increase's effective time: no later table takes effect before it
+	namedUntil map[agentKey]int64 // agents a table named, until its lease plus skew
 
 	next  int64 // next rebalance, µs
 	ready []*Table
@@ -72,6 +78,7 @@ type agentState struct {
 }
 
 type scratch struct {
+	keys    []int // Observe: key indexes of one report
 	demand  []float64
 	in      Input
 	out     []uint32
@@ -182,16 +189,38 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 		return err
 	}
 	n := c.nR
-	cur := make([]uint32, len(budgets)*n)
+	// Per-key rows follow their key to its new index; a new key starts at
+	// the floors (what regions run for a key no table names) — in the
+	// shares in force, the pending increase and the last published table.
+	remap := func(old []uint32) []uint32 {
+		out := make([]uint32, len(budgets)*n)
+		for i, b := range budgets {
+			if o, ok := c.kidx[b.Key]; ok && old != nil {
+				copy(out[i*n:(i+1)*n], old[o*n:(o+1)*n])
+			} else {
+				copy(out[i*n:(i+1)*n], c.safe)
+			}
+		}
+		return out
+	}
+	cur, pub := remap(c.cur), remap(c.pub)
+	var target []uint32
+	if c.target != nil {
+		target = remap(c.target)
+	}
+	if c.pub == nil {
+		pub = nil
+	}
 	version := make([]uint64, len(budgets))
 	state := make([]float64, len(budgets)*n)
+	rows := make([]KeyShares, len(budgets))
 	for i, b := range budgets {
 		if old, ok := c.kidx[b.Key]; ok {
-			copy(cur[i*n:(i+1)*n], c.cur[old*n:(old+1)*n])
 			copy(state[i*n:(i+1)*n], c.state[old*n:(old+1)*n])
 			version[i] = c.version[old]
-		} else {
-			copy(cur[i*n:(i+1)*n], c.safe)
+			if old < len(c.rows) && c.rows[old].Budget == b.Limit {
+				rows[i] = c.rows[old]
+			}
 		}
 	}
 	// Agents' demand is indexed by key; remap it.
@@ -207,9 +236,11 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 		a.demand, a.keys = d, keys
 	}
 	c.budgets, c.kidx, c.kstrat, c.pinned = slices.Clone(budgets), kidx, kstrat, pinned
-	c.cur, c.version, c.state = cur, version, state
-	c.target = nil
-	c.transition = false
+	c.cur, c.target, c.pub, c.version, c.state, c.rows = cur, target, pub, version, state, rows
+	c.stamp = make([]uint64, len(budgets))
+	c.demand = nil
+	// A transition under way keeps its wait; its target follows the new
+	// key order (a new key's target is its floors).
 	return nil
 }
 
@@ -255,7 +286,13 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 			}
 		}
 	}
+	eff := now
+	if latest != nil {
+		eff = max(now, latest.Effective) // a pending increase keeps its fence
+	}
+	c.fence = max(c.fence, eff)
 	c.publish(now, now, c.cur)
+	c.learnEpoch = c.epoch
 	c.next = now + c.dt
 	return nil
 }
@@ -284,6 +321,10 @@ func (c *Coordinator) adopt(t *Table) {
 		}
 		c.version[k] = ks.Version
 	}
+	// What the stored table published is what the next table compares
+	// with, so unchanged keys keep their versions across a failover.
+	c.pub = slices.Clone(c.cur)
+	c.rows = make([]KeyShares, len(c.budgets))
 }
 
 // MemberChange replaces the set of live agents. Membership names the agents
@@ -353,21 +394,32 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 			return fmt.Errorf("%w: %s/%s key %d (%q): negative count", ErrBadReport, r.Region, r.Agent, i, kd.Key)
 		}
 	}
-	for _, ki := range a.keys {
-		a.demand[ki] = 0
-	}
-	a.keys = a.keys[:0]
+	// One lookup per key; a key listed twice refuses the whole report.
+	c.seq++
+	idx := c.scratch.keys[:0]
 	var unknown []string
 	for _, kd := range r.Keys {
 		ki, ok := c.kidx[kd.Key]
 		if !ok {
 			unknown = append(unknown, kd.Key)
-			continue
+			ki = -1
+		} else if c.stamp[ki] == c.seq {
+			return fmt.Errorf("%w: %s/%s: key %q listed twice", ErrBadReport, r.Region, r.Agent, kd.Key)
+		} else {
+			c.stamp[ki] = c.seq
 		}
-		if a.demand[ki] == 0 {
+		idx = append(idx, ki)
+	}
+	c.scratch.keys = idx
+	for _, ki := range a.keys {
+		a.demand[ki] = 0
+	}
+	a.keys = a.keys[:0]
+	for i, kd := range r.Keys {
+		if ki := idx[i]; ki >= 0 {
 			a.keys = append(a.keys, ki)
+			a.demand[ki] = float64(kd.OfferedCost)
 		}
-		a.demand[ki] += float64(kd.OfferedCost)
 	}
 	a.interval, a.at = r.Interval, now
 	if r.Term > a.term || (r.Term == a.term && r.Epoch > a.epoch) {
@@ -404,7 +456,7 @@ func (c *Coordinator) Tick(now int64) {
 		if !done {
 			done = true
 			for k := range c.learnWaitFor {
-				if !c.acked(k, c.term, c.latest.Epoch) {
+				if !c.acked(k, c.term, c.learnEpoch) {
 					done = false
 					break
 				}
@@ -421,10 +473,10 @@ func (c *Coordinator) Tick(now int64) {
 		}
 	}
 	if c.transition && c.decreaseInForce(now) {
-		eff := max(now, c.decreased+int64(c.cfg.Fence/time.Microsecond))
+		c.fence = max(c.fence, now, c.decreased+int64(c.cfg.Fence/time.Microsecond))
 		c.cur, c.target = c.target, nil
 		c.transition = false
-		c.publish(now, eff, c.cur)
+		c.publish(now, now, c.cur)
 	}
 	if now < c.next {
 		return

@@ -120,5 +120,29 @@
 //
 // # Coordinator
 //
-// See Coordinator.
+// Coordinator is a pure state machine in etcd/raft's style: the shell (or
+// the simulator) feeds it demand reports (Observe), acknowledgements of
+// tables in force (Ack) and the live agents (MemberChange), calls Tick with
+// the time, takes the tables Ready returns, writes each with compare-and-set
+// on the previous one before publishing it, and calls Advance. It reads no
+// clock, does no I/O and uses no randomness.
+//
+// Every Δ it sums each region's agents' latest fresh reports (a missing
+// agent counts as last known; a report older than StaleAfter·Δ stops
+// counting), runs each key's strategy, keeps a silent region's share until
+// its lease plus MaxSkew has passed and then only its floor, and skips
+// changes below the hysteresis. Shares change break before make: a table
+// with every share that falls (and none that rises) goes out at once; the
+// table with the rises follows only when every agent the previous table
+// named in a region that lost share has acknowledged the decrease in force,
+// or that region's lease plus MaxSkew has passed, and it takes effect at
+// least Fence after the decrease. So at any instant, whatever mix of tables
+// the regions run, no key's shares in force sum above PPM.
+//
+// A coordinator acts under a term, the fencing number its election gives.
+// StartTerm hands it the newest stored table: it republishes those shares
+// under the new term (learning mode) until every agent that table named has
+// acknowledged, or one lease plus MaxSkew has passed, and only then
+// rebalances — a failover never resets shares. Tables are ordered by
+// (Term, Epoch); an agent refuses anything older than what it holds.
 package rebalance

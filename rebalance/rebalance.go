@@ -59,7 +59,16 @@ func (c *Coordinator) rebalance(now int64) {
 			sc.in = Input{Budget: b.Limit, Demand: c.demand[k*n : (k+1)*n], Last: row, Safe: c.safe, State: c.state[k*n : (k+1)*n]}
 			strat.Allocate(&sc.in, d)
 		}
-		if !strat.Overcommit() || c.pinned[k] != nil || b.Frozen {
+		switch {
+		case c.pinned[k] != nil || b.Frozen:
+			// Fixed shares move only to let an expired region's share go
+			// down to its floor; nothing is spread over the others.
+			for r := range n {
+				if expired[r] {
+					d[r] = min(d[r], c.safe[r])
+				}
+			}
+		case !strat.Overcommit():
 			c.holdSilent(d, row, alive, expired)
 			if c.small(d, row) {
 				copy(d, row)
@@ -175,18 +184,27 @@ func (c *Coordinator) small(d, cur []uint32) bool {
 	return true
 }
 
-// publish makes the next table with the given shares, effective at eff.
+// publish makes the next table with the given shares, effective at eff
+// (never before the last increase's fence: a later table carries the
+// increased shares too).
 func (c *Coordinator) publish(now, eff int64, shares []uint32) {
 	n := c.nR
 	K := len(c.budgets)
 	lease := int64(c.cfg.Lease / time.Microsecond)
+	skew := int64(c.cfg.MaxSkew / time.Microsecond)
 	c.epoch++
 	t := &Table{
-		Term: c.term, Epoch: c.epoch, Issued: now, Effective: eff,
+		Term: c.term, Epoch: c.epoch, Issued: now, Effective: max(eff, c.fence),
 		Regions: c.regions, Leases: make([]int64, n), Agents: make([][]string, n),
 		Keys: make([]KeyShares, K), Shadow: c.cfg.Shadow,
 	}
-	// Leases are renewed for regions with a fresh report or a live member.
+	// A table names the live members, the agents with a fresh report, and
+	// every agent an earlier table named whose lease (plus skew) has not
+	// run out: an agent dropped from a table may still run that table's
+	// shares, so every wait must keep counting it.
+	if c.namedUntil == nil {
+		c.namedUntil = map[agentKey]int64{}
+	}
 	named := make([]map[string]bool, n)
 	for r := range named {
 		named[r] = map[string]bool{}
@@ -199,51 +217,68 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32) {
 			named[c.ridx[k.region]][k.agent] = true
 		}
 	}
+	renewed := make([]bool, n)
 	for r := range n {
-		if len(named[r]) > 0 || c.latest == nil {
+		renewed[r] = len(named[r]) > 0 || c.latest == nil
+	}
+	for k, until := range c.namedUntil {
+		if now < until {
+			named[c.ridx[k.region]][k.agent] = true
+		} else {
+			delete(c.namedUntil, k)
+		}
+	}
+	for r := range n {
+		if renewed[r] {
 			c.leases[r] = max(c.leases[r], now+lease)
 		}
 		t.Leases[r] = c.leases[r]
 		for a := range named[r] {
 			t.Agents[r] = append(t.Agents[r], a)
-		}
-		if t.Agents[r] == nil {
-			// Nobody answers for this region now; keep naming who the
-			// previous table named, so their wait is not shortened.
-			t.Agents[r] = c.prevAgents(r)
+			k := agentKey{c.regions[r], a}
+			c.namedUntil[k] = max(c.namedUntil[k], c.leases[r]+skew)
 		}
 		slices.Sort(t.Agents[r])
 	}
-	allShares := make([]uint32, K*n)
-	copy(allShares, shares)
-	limits := make([]gcra.Limit, K*n)
+	// Rows of keys whose shares did not change are shared with the previous
+	// table (tables are immutable once published); changed rows get new
+	// shares, limits and a version one higher.
+	changedRows := 0
+	for k := range K {
+		row := shares[k*n : (k+1)*n]
+		if c.rows[k].Shares != nil && c.pub != nil && slices.Equal(c.pub[k*n:(k+1)*n], row) {
+			continue
+		}
+		changedRows++
+	}
+	backS := make([]uint32, changedRows*n)
+	backL := make([]gcra.Limit, changedRows*n)
 	sc := &c.scratch
 	for k := range K {
-		row := allShares[k*n : (k+1)*n]
-		changed := c.pub == nil || len(c.pub) != K*n
-		if !changed {
-			for r := range n {
-				if c.pub[k*n+r] != row[r] {
-					changed = true
-					break
-				}
-			}
+		row := shares[k*n : (k+1)*n]
+		prev := &c.rows[k]
+		if prev.Shares != nil && c.pub != nil && slices.Equal(c.pub[k*n:(k+1)*n], row) {
+			t.Keys[k] = *prev
+			continue
 		}
-		if changed {
+		if c.pub == nil || !slices.Equal(c.pub[k*n:(k+1)*n], row) {
 			c.version[k]++
 		}
+		s, l := backS[:n:n], backL[:n:n]
+		backS, backL = backS[n:], backL[n:]
+		copy(s, row)
 		for r := range n {
-			sc.has[r] = row[r] > 0 && (len(c.demand) != K*n || c.demand[k*n+r] > 0)
+			sc.has[r] = row[r] > 0
 		}
 		b := c.budgets[k].Limit
-		SplitBurst(b.Burst(), row, sc.has, sc.weights, sc.bursts)
-		lim := limits[k*n : (k+1)*n]
-		for r := range n {
-			lim[r] = RegionalLimit(b, row[r], sc.bursts[r])
-		}
-		t.Keys[k] = KeyShares{Key: c.budgets[k].Key, Budget: b, Shares: row, Limits: lim, Version: c.version[k]}
+		Derive(b, s, sc.has, l, sc.weights, sc.bursts)
+		*prev = KeyShares{Key: c.budgets[k].Key, Budget: b, Shares: s, Limits: l, Version: c.version[k]}
+		t.Keys[k] = *prev
 	}
-	c.pub = allShares
+	if len(c.pub) != K*n {
+		c.pub = make([]uint32, K*n)
+	}
+	copy(c.pub, shares)
 	c.latest = t
 	c.ready = append(c.ready, t)
 }

@@ -151,10 +151,7 @@ func RegionalLimit(global gcra.Limit, share uint32, burst int64) gcra.Limit {
 // is scratch space and out receives the bursts; both have len(shares)
 // elements, as does demand. It allocates nothing.
 func SplitBurst(burst int64, shares []uint32, demand []bool, weights []float64, out []int64) {
-	for i, s := range shares {
-		weights[i] = float64(s)
-	}
-	Split(burst, weights, out)
+	splitShares(burst, shares, out)
 	needs := func(i int) bool { return shares[i] > 0 && demand[i] }
 	for {
 		taker := -1
@@ -204,4 +201,34 @@ func CheckShares(shares, safe []uint32, overcommit bool) error {
 		return fmt.Errorf("%w: shares sum to %d ppm, above %d", ErrBadShares, sum, PPM)
 	}
 	return nil
+}
+
+// splitShares is Split for integer weights (shares in ppm), in exact
+// integer arithmetic: each part gets floor(total·s/Σs), and the units left
+// go one each to the largest remainders, ties to the lower index. total·s
+// fits in 64 bits: total is a burst (≤ MaxWindow µs < 2^37) and s ≤ 2^32.
+func splitShares(total int64, shares []uint32, out []int64) {
+	var sum int64
+	for _, s := range shares {
+		sum += int64(s)
+	}
+	clear(out)
+	if total <= 0 || sum == 0 {
+		return
+	}
+	given := int64(0)
+	for i, s := range shares {
+		out[i] = total * int64(s) / sum
+		given += out[i]
+	}
+	for ; given < total; given++ {
+		best, bestR := -1, int64(-1)
+		for i, s := range shares {
+			r := total * int64(s) % sum
+			if s > 0 && r > bestR && out[i]*sum <= total*int64(s) {
+				best, bestR = i, r
+			}
+		}
+		out[best]++
+	}
 }

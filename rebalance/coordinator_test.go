@@ -1,0 +1,877 @@
+package rebalance
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meridian-quota/meridian/gcra"
+)
+
+const sec = int64(1_000_000) // µs
+
+// unitConfig: Δ = 1 s, lease 5 s, skew 100 ms, fence 200 ms, θ = 1000 ppm,
+// floors 10 % split equally, proportional.
+func unitConfig(regions ...string) Config {
+	cfg := DefaultConfig(regions...)
+	cfg.Interval = time.Second
+	cfg.Lease = 5 * time.Second
+	cfg.MaxSkew = 100 * time.Millisecond
+	cfg.Fence = 200 * time.Millisecond
+	cfg.Hysteresis = 1_000
+	cfg.StaleAfter = 3
+	cfg.Strategy = "proportional"
+	return cfg
+}
+
+func budget(key string) Budget { return Budget{Key: key, Limit: gcra.PerSecond(1000, 100)} }
+
+func mustCoordinator(t *testing.T, cfg Config, budgets ...Budget) *Coordinator {
+	t.Helper()
+	c, err := NewCoordinator(cfg, budgets)
+	if err != nil {
+		t.Fatalf("NewCoordinator: %v", err)
+	}
+	return c
+}
+
+// take returns the tables Ready holds and advances.
+func take(c *Coordinator) []*Table {
+	out := slices.Clone(c.Ready())
+	c.Advance()
+	return out
+}
+
+// observe reports demand (offered cost per interval) by key for one agent.
+func observe(t *testing.T, c *Coordinator, region, agent string, interval int64, now int64, demand map[string]int64) {
+	t.Helper()
+	r := &Report{Region: region, Agent: agent, Interval: interval}
+	if tb := c.Latest(); tb != nil {
+		r.Term, r.Epoch = tb.Term, tb.Epoch
+	}
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range demand {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		r.Keys = append(r.Keys, KeyDemand{Key: k, Demand: Demand{Offered: demand[k], OfferedCost: demand[k]}})
+	}
+	if err := c.Observe(r, now); err != nil {
+		t.Fatalf("Observe %s/%s interval %d: %v", region, agent, interval, err)
+	}
+}
+
+func sharesOf(tb *Table, key string) []uint32 {
+	for _, ks := range tb.Keys {
+		if ks.Key == key {
+			return ks.Shares
+		}
+	}
+	return nil
+}
+
+// expectProportional is what proportional gives: floors, then the rest in
+// proportion to demand.
+func expectProportional(safe []uint32, demand []float64) []uint32 {
+	rest := int64(PPM)
+	for _, s := range safe {
+		rest -= int64(s)
+	}
+	parts := make([]int64, len(demand))
+	Split(rest, demand, parts)
+	out := make([]uint32, len(demand))
+	for i := range out {
+		out[i] = safe[i] + uint32(parts[i])
+	}
+	return out
+}
+
+// A silent region (no fresh report, no member) keeps its share in every
+// table until its last lease plus the skew, then gets exactly its floor and
+// the others share the rest; back, it gets more than its floor within one
+// interval plus the others' break before make.
+func TestSilentRegionLeaseThenFloor(t *testing.T) {
+	cfg := unitConfig("a", "b", "c")
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	take(c)
+	demand := map[string]int64{"a": 600, "b": 300, "c": 100}
+	silentFrom, backAt := int64(5), int64(20) // intervals
+	skew := int64(cfg.MaxSkew / time.Microsecond)
+	var held []uint32
+	lastLease, floorAt, backShare := int64(0), int64(-1), int64(-1)
+	for now := int64(0); now <= 24*sec; now += 10 * 1000 {
+		if now%sec == 0 && now >= sec {
+			i := now/sec - 1
+			for _, r := range []string{"a", "b", "c"} {
+				if r == "c" && i >= silentFrom && i < backAt {
+					continue
+				}
+				observe(t, c, r, r+"1", i, now, map[string]int64{"k": demand[r]})
+			}
+		}
+		c.Tick(now)
+		for _, tb := range take(c) {
+			for _, r := range tb.Regions {
+				if r != "c" || tb.Issued < silentFrom*sec || tb.Issued >= backAt*sec {
+					if err := c.Ack(r, r+"1", tb.Term, tb.Epoch); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			s := sharesOf(tb, "k")
+			switch {
+			case tb.Issued < silentFrom*sec:
+				held = slices.Clone(s)
+				lastLease = tb.Leases[2]
+			case tb.Issued < backAt*sec:
+				if tb.Leases[2] > lastLease {
+					lastLease = tb.Leases[2] // renewed while c's last report is fresh
+				}
+				if tb.Issued < lastLease+skew {
+					if s[2] != held[2] {
+						t.Errorf("t=%d: c gets %d before its lease %d + skew, want it held at %d", tb.Issued, s[2], lastLease, held[2])
+					}
+					continue
+				}
+				if floorAt < 0 {
+					floorAt = tb.Issued
+				}
+				if s[2] != c.safe[2] {
+					t.Errorf("t=%d: silent c gets %d, want its floor %d", tb.Issued, s[2], c.safe[2])
+				}
+			default:
+				if backShare < 0 && s[2] > c.safe[2] {
+					backShare = tb.Issued
+				}
+			}
+		}
+	}
+	if floorAt < 0 {
+		t.Fatal("silent c never fell to its floor")
+	}
+	if floorAt > lastLease+skew+sec {
+		t.Errorf("c fell to its floor at %d, more than an interval after its lease %d + skew", floorAt, lastLease+skew)
+	}
+	if backShare < 0 || backShare > backAt*sec+sec+2*sec/10 {
+		t.Errorf("returning c got more than its floor at %d, want by %d (one interval and the wait)", backShare, backAt*sec+sec)
+	}
+}
+
+// While a region is away, the others split what it does not hold in
+// proportion to their demand, each keeping its floor.
+func TestSilentRegionRestReassigned(t *testing.T) {
+	cfg := unitConfig("a", "b", "c")
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := int64(0); i < 15; i++ {
+		now := (i+1)*sec + 1000
+		observe(t, c, "a", "a1", i, now, map[string]int64{"k": 300})
+		observe(t, c, "b", "b1", i, now, map[string]int64{"k": 100})
+		if i == 0 {
+			observe(t, c, "c", "c1", i, now, map[string]int64{"k": 600})
+		}
+		for _, step := range []int64{0, sec / 2} {
+			c.Tick(now + step)
+			for _, tb := range take(c) {
+				for _, r := range []string{"a", "b"} {
+					if err := c.Ack(r, r+"1", tb.Term, tb.Epoch); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+	}
+	got := sharesOf(c.Latest(), "k")
+	if got[2] != c.safe[2] {
+		t.Fatalf("c away for 14 intervals has %d, want its floor %d", got[2], c.safe[2])
+	}
+	rest := int64(PPM) - int64(c.safe[0]) - int64(c.safe[1]) - int64(c.safe[2])
+	parts := make([]int64, 2)
+	Split(rest, []float64{300, 100}, parts)
+	want := []uint32{c.safe[0] + uint32(parts[0]), c.safe[1] + uint32(parts[1]), c.safe[2]}
+	if !slices.Equal(got, want) {
+		t.Errorf("shares with c away: %v, want %v", got, want)
+	}
+}
+
+// StartTerm republishes the stored table's shares (every key and region)
+// under the new term, is Learning until every named agent acks or a lease
+// plus skew passes, and keeps each key's Version.
+func TestStartTermRepublishesAndLearns(t *testing.T) {
+	cfg := unitConfig("a", "b", "c")
+	old := mustCoordinator(t, cfg, budget("k1"), budget("k2"))
+	if err := old.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	take(old)
+	observe(t, old, "a", "a1", 0, sec, map[string]int64{"k1": 500, "k2": 10})
+	observe(t, old, "b", "b1", 0, sec, map[string]int64{"k1": 100, "k2": 50})
+	observe(t, old, "c", "c1", 0, sec, map[string]int64{"k1": 10, "k2": 500})
+	old.Tick(sec)
+	take(old)
+	stored := old.Latest()
+	if slices.Equal(sharesOf(stored, "k1"), old.safe) {
+		t.Fatal("setup: shares still at the floors")
+	}
+
+	for _, tc := range []struct {
+		name string
+		acks []string
+		// wantLearning at 1 s, 2 s, ... after StartTerm
+		wantEnd int64
+	}{
+		{"all named agents ack", []string{"a1", "b1", "c1"}, 1},
+		{"one agent silent", []string{"a1", "b1"}, 6}, // lease 5 s + skew 0.1 s
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := mustCoordinator(t, cfg, budget("k1"), budget("k2"))
+			start := 2 * sec
+			if err := c.StartTerm(2, stored, start); err != nil {
+				t.Fatal(err)
+			}
+			first := take(c)
+			if len(first) != 1 || first[0].Term != 2 || first[0].Epoch <= stored.Epoch {
+				t.Fatalf("StartTerm published %d tables, first (%d,%d); stored (%d,%d)", len(first), first[0].Term, first[0].Epoch, stored.Term, stored.Epoch)
+			}
+			for i, ks := range first[0].Keys {
+				if !slices.Equal(ks.Shares, stored.Keys[i].Shares) {
+					t.Errorf("key %s: republished %v, stored %v", ks.Key, ks.Shares, stored.Keys[i].Shares)
+				}
+			}
+			if !slices.Equal(first[0].Leases, stored.Leases) {
+				t.Errorf("republished leases %v, stored %v: nobody answered yet", first[0].Leases, stored.Leases)
+			}
+			if !c.Learning() {
+				t.Fatal("not learning after StartTerm with a stored table")
+			}
+			for _, a := range tc.acks {
+				if err := c.Ack(a[:1], a, first[0].Term, first[0].Epoch); err != nil {
+					t.Fatal(err)
+				}
+			}
+			end := int64(-1)
+			for s := int64(1); s <= 8 && end < 0; s++ {
+				now := start + s*sec
+				// Demand says shift everything to c; learning must not listen.
+				for _, a := range tc.acks { // reports carry the table in force: acks too
+					observe(t, c, a[:1], a, now/sec-1, now, map[string]int64{"k1": map[string]int64{"a": 1, "b": 1, "c": 900}[a[:1]]})
+				}
+				c.Tick(now)
+				tbs := take(c)
+				if c.Learning() {
+					for _, tb := range tbs {
+						for i, ks := range tb.Keys {
+							if !slices.Equal(ks.Shares, stored.Keys[i].Shares) {
+								t.Errorf("learning at +%ds: key %s %v, stored %v", s, ks.Key, ks.Shares, stored.Keys[i].Shares)
+							}
+						}
+					}
+				} else {
+					end = s
+				}
+			}
+			if end != tc.wantEnd {
+				t.Errorf("learning ended at +%ds, want +%ds", end, tc.wantEnd)
+			}
+		})
+	}
+}
+
+// Failover never resets shares, and a republished key whose shares did not
+// change keeps its Version: its limit did not change, so the regions must
+// not convert its state.
+func TestStartTermKeepsVersion(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	old := mustCoordinator(t, cfg, budget("k"))
+	if err := old.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	take(old)
+	observe(t, old, "a", "a1", 0, sec, map[string]int64{"k": 500})
+	observe(t, old, "b", "b1", 0, sec, map[string]int64{"k": 100})
+	old.Tick(sec)
+	take(old)
+	stored := old.Latest()
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(2, stored, 2*sec); err != nil {
+		t.Fatal(err)
+	}
+	first := take(c)[0]
+	if got, want := first.Keys[0].Version, stored.Keys[0].Version; got != want {
+		t.Errorf("republished unchanged shares %v with Version %d, stored Version %d (want equal)", first.Keys[0].Shares, got, want)
+	}
+}
+
+// StartTerm refuses a term not above the current one or the stored table's.
+func TestStartTermRefusesOldTerm(t *testing.T) {
+	c := mustCoordinator(t, unitConfig("a", "b"), budget("k"))
+	if err := c.StartTerm(0, nil, 0); err == nil {
+		t.Error("StartTerm(0) accepted")
+	}
+	if err := c.StartTerm(3, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, term := range []uint64{1, 3} {
+		if err := c.StartTerm(term, nil, sec); err == nil {
+			t.Errorf("StartTerm(%d) at term 3 accepted", term)
+		}
+	}
+	if err := c.StartTerm(4, &Table{Term: 7, Epoch: 1}, sec); err == nil {
+		t.Error("StartTerm(4) with a stored table of term 7 accepted")
+	}
+	if c.Term() != 3 {
+		t.Errorf("term %d after refusals, want 3", c.Term())
+	}
+}
+
+// The world's agents refuse a table not ordered after the one they hold,
+// whatever its epoch.
+func TestAgentRefusesOlderTable(t *testing.T) {
+	tests := []struct {
+		give       [][2]uint64
+		wantAccept []bool
+	}{
+		{[][2]uint64{{2, 5}, {1, 9}, {2, 5}, {2, 4}, {2, 6}, {3, 1}, {2, 99}}, []bool{true, false, false, false, true, true, false}},
+		{[][2]uint64{{1, 1}, {1, 2}, {1, 1}}, []bool{true, true, false}},
+	}
+	for _, tt := range tests {
+		a := &wagent{}
+		for i, te := range tt.give {
+			if got := a.offer(&Table{Term: te[0], Epoch: te[1]}); got != tt.wantAccept[i] {
+				t.Errorf("after %v, offer (%d,%d) = %v, want %v", tt.give[:i], te[0], te[1], got, tt.wantAccept[i])
+			}
+		}
+	}
+}
+
+// Reports are summed across a region's agents; a missing agent counts as
+// last known until its report is StaleAfter·Δ old.
+func TestReportsSummedAcrossAgents(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	take(c)
+	step := func(i int64, a1, a2, b1 int64) []float64 {
+		t.Helper()
+		now := (i + 1) * sec
+		if a1 >= 0 {
+			observe(t, c, "a", "a1", i, now, map[string]int64{"k": a1})
+		}
+		if a2 >= 0 {
+			observe(t, c, "a", "a2", i, now, map[string]int64{"k": a2})
+		}
+		observe(t, c, "b", "b1", i, now, map[string]int64{"k": b1})
+		c.Tick(now)
+		take(c)
+		return slices.Clone(c.demand[0:2])
+	}
+	perSec := func(x float64) float64 { return x / cfg.Interval.Seconds() }
+	if got := step(0, 30, 70, 50); got[0] != perSec(100) || got[1] != perSec(50) {
+		t.Errorf("demand %v, want [100 50]", got)
+	}
+	want := expectProportional(c.safe, []float64{100, 50})
+	if got := c.target; got != nil && !slices.Equal(got[:2], want) {
+		t.Errorf("target %v, want %v", got[:2], want)
+	}
+	// a2 misses intervals 1..3: last known (70) counts while fresh.
+	for i := int64(1); i <= 2; i++ {
+		if got := step(i, 30, -1, 50); got[0] != perSec(100) {
+			t.Errorf("interval %d with a2 missing: demand %v, want a at 100 (last known)", i, got)
+		}
+	}
+	if got := step(3, 30, -1, 50); got[0] != perSec(30) {
+		t.Errorf("interval 3, a2's report 3 intervals old: demand %v, want a at 30 (stale stops counting)", got)
+	}
+}
+
+// A change below the hysteresis publishes the old shares; at or above it
+// the new ones.
+func TestHysteresis(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	cfg.Hysteresis = 10_000
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	take(c)
+	tick := func(i int64, a, b int64) *Table {
+		now := (i + 1) * sec
+		observe(t, c, "a", "a1", i, now, map[string]int64{"k": a})
+		observe(t, c, "b", "b1", i, now, map[string]int64{"k": b})
+		c.Tick(now)
+		tbs := take(c)
+		return tbs[len(tbs)-1]
+	}
+	base := tick(0, 100, 100)
+	if want := expectProportional(c.safe, []float64{1, 1}); !slices.Equal(sharesOf(base, "k"), want) {
+		t.Fatalf("shares %v, want %v", sharesOf(base, "k"), want)
+	}
+	// 102:100 moves a by about 4,500 ppm < θ: the old shares, same Version.
+	small := tick(1, 102, 100)
+	if !slices.Equal(sharesOf(small, "k"), sharesOf(base, "k")) || small.Keys[0].Version != base.Keys[0].Version {
+		t.Errorf("small change published %v v%d, want %v v%d", sharesOf(small, "k"), small.Keys[0].Version, sharesOf(base, "k"), base.Keys[0].Version)
+	}
+	// 110:100 moves a by about 21,000 ppm: published (an increase of a and
+	// a decrease of b, so two tables; check the target).
+	tick(2, 110, 100)
+	if want := expectProportional(c.safe, []float64{110, 100}); !slices.Equal(c.target, want) && !slices.Equal(c.cur, want) {
+		t.Errorf("large change: cur %v target %v, want %v", c.cur, c.target, want)
+	}
+}
+
+// Pinned keys get exactly their pins (others their floors) whatever the
+// demand; Frozen keys keep their shares — also while a region is silent.
+func TestPinnedAndFrozen(t *testing.T) {
+	cfg := unitConfig("a", "b", "c")
+	pinned := Budget{Key: "pin", Limit: gcra.PerSecond(1000, 100), Pinned: map[string]uint32{"a": 700_000, "b": 100_000}}
+	frozen := Budget{Key: "frz", Limit: gcra.PerSecond(1000, 100), Frozen: true}
+	c := mustCoordinator(t, cfg, budget("k"), pinned, frozen)
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	take(c)
+	wantPin := []uint32{700_000, 100_000, c.safe[2]}
+	wantFrz := slices.Clone(c.safe) // a new key starts at its floors
+	for i := int64(0); i < 12; i++ {
+		now := (i + 1) * sec
+		for _, r := range []string{"a", "b", "c"} {
+			if r == "c" && i >= 4 {
+				continue // c goes silent; its lease lapses at about 9 s
+			}
+			observe(t, c, r, r+"1", i, now, map[string]int64{"k": 100, "pin": map[string]int64{"a": 1, "b": 1, "c": 999}[r], "frz": 500})
+		}
+		for _, step := range []int64{0, sec / 2} {
+			c.Tick(now + step)
+			for _, tb := range take(c) {
+				for _, r := range []string{"a", "b"} {
+					if err := c.Ack(r, r+"1", tb.Term, tb.Epoch); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if got := sharesOf(tb, "frz"); !slices.Equal(got, wantFrz) {
+					t.Errorf("t=%d (c silent: %v): frozen key %v, want %v", tb.Issued, i >= 4, got, wantFrz)
+				}
+				if got := sharesOf(tb, "pin"); i >= 1 && !slices.Equal(got, wantPin) && !(i >= 8 && got[2] == c.safe[2]) {
+					t.Errorf("t=%d (c silent: %v): pinned key %v, want %v", tb.Issued, i >= 4, got, wantPin)
+				}
+			}
+		}
+	}
+}
+
+// Shadow: tables are marked Shadow and a decrease goes out together with
+// the increase it pays for (nothing is in force, nothing waits).
+func TestShadow(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	cfg.Shadow = true
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range [][2]int64{{900, 100}, {100, 900}} {
+		now := int64(i+1) * sec
+		observe(t, c, "a", "a1", int64(i), now, map[string]int64{"k": d[0]})
+		observe(t, c, "b", "b1", int64(i), now, map[string]int64{"k": d[1]})
+		c.Tick(now)
+	}
+	tbs := take(c)
+	if len(tbs) != 3 {
+		t.Fatalf("%d tables, want 3 (start, two rebalances)", len(tbs))
+	}
+	for _, tb := range tbs {
+		if !tb.Shadow {
+			t.Errorf("table (%d,%d) not marked Shadow", tb.Term, tb.Epoch)
+		}
+	}
+	if want := expectProportional(c.safe, []float64{100, 900}); !slices.Equal(sharesOf(tbs[2], "k"), want) {
+		t.Errorf("shadow shares %v, want %v at once", sharesOf(tbs[2], "k"), want)
+	}
+	d := mustCoordinator(t, cfg, budget("k"))
+	if err := d.StartTerm(2, tbs[2], 3*sec); err != nil {
+		t.Fatal(err)
+	}
+	if d.Learning() {
+		t.Error("a shadow coordinator learns")
+	}
+}
+
+// Break before make: a decrease goes out at once, the increase waits for
+// every agent the previous table named in the decreasing region (acks or
+// reports of the decrease epoch or later), or its lease plus skew — a
+// membership change never shortens it — and takes effect at least Fence
+// after the decrease.
+func TestBreakBeforeMake(t *testing.T) {
+	setup := func(t *testing.T) (*Coordinator, *Table, int64) {
+		cfg := unitConfig("a", "b")
+		c := mustCoordinator(t, cfg, budget("k"))
+		if err := c.MemberChange([]Member{{"a", "a1"}, {"a", "a2"}, {"b", "b1"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.StartTerm(1, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		take(c)
+		observe(t, c, "a", "a1", 0, sec, map[string]int64{"k": 900})
+		observe(t, c, "b", "b1", 0, sec, map[string]int64{"k": 100})
+		c.Tick(sec)
+		take(c)
+		observe(t, c, "a", "a1", 1, 2*sec, map[string]int64{"k": 100})
+		observe(t, c, "b", "b1", 1, 2*sec, map[string]int64{"k": 900})
+		prev := c.Latest()
+		c.Tick(2 * sec)
+		tbs := take(c)
+		if len(tbs) != 1 || !c.transition {
+			t.Fatalf("want one decrease table and a transition, got %d tables", len(tbs))
+		}
+		dec := tbs[0]
+		p, d := sharesOf(prev, "k"), sharesOf(dec, "k")
+		if d[0] >= p[0] || d[1] != p[1] {
+			t.Fatalf("decrease table %v after %v: want a down, b unchanged", d, p)
+		}
+		return c, dec, prev.Leases[0]
+	}
+	t.Run("acks", func(t *testing.T) {
+		c, dec, _ := setup(t)
+		c.Tick(2*sec + 1000)
+		if err := c.Ack("a", "a1", dec.Term, dec.Epoch); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Ack("a", "a2", dec.Term, dec.Epoch-1); err != nil {
+			t.Fatal(err)
+		}
+		c.Tick(2*sec + 2000)
+		if tbs := take(c); len(tbs) != 0 {
+			t.Fatalf("increase went out before a2 acked the decrease: %s", tableString(tbs[0]))
+		}
+		// a2's report of the decrease in force counts as its ack.
+		if err := c.Observe(&Report{Region: "a", Agent: "a2", Interval: 1, Term: dec.Term, Epoch: dec.Epoch}, 2*sec+3000); err != nil {
+			t.Fatal(err)
+		}
+		c.Tick(2*sec + 4000)
+		tbs := take(c)
+		if len(tbs) != 1 {
+			t.Fatalf("%d tables after every named agent acked, want the increase", len(tbs))
+		}
+		if inc := sharesOf(tbs[0], "k"); inc[1] <= sharesOf(dec, "k")[1] || tbs[0].Effective < dec.Issued+200*1000 {
+			t.Errorf("increase %v effective %d, want b up and effective ≥ %d", inc, tbs[0].Effective, dec.Issued+200*1000)
+		}
+	})
+	t.Run("lease", func(t *testing.T) {
+		c, _, lease := setup(t)
+		if err := c.MemberChange([]Member{{"b", "b1"}}); err != nil { // a's agents leave membership
+			t.Fatal(err)
+		}
+		skew := int64(100 * 1000)
+		for now := 2*sec + 10*1000; now < lease+skew; now += 10 * 1000 {
+			c.Tick(now)
+			for _, tb := range take(c) {
+				if s := sharesOf(tb, "k"); s[1] > sharesOf(c.Latest(), "k")[1] || tb.Effective < 0 {
+					t.Fatalf("t=%d: %v", now, s)
+				}
+				if c.target == nil {
+					t.Fatalf("t=%d: the increase went out before a's lease %d + skew", now, lease)
+				}
+			}
+		}
+		c.Tick(lease + skew)
+		if c.transition {
+			t.Errorf("still waiting at a's lease + skew")
+		}
+	})
+}
+
+// With Fence longer than Δ, every table after the increase keeps the
+// increase's fence: none carries the increased shares in force earlier than
+// the decrease plus Fence.
+func TestFenceHoldsForLaterTables(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	cfg.Fence = 1500 * time.Millisecond
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	take(c)
+	observe(t, c, "a", "a1", 0, sec, map[string]int64{"k": 900})
+	observe(t, c, "b", "b1", 0, sec, map[string]int64{"k": 100})
+	c.Tick(sec)
+	take(c)
+	observe(t, c, "a", "a1", 1, 2*sec, map[string]int64{"k": 100})
+	observe(t, c, "b", "b1", 1, 2*sec, map[string]int64{"k": 900})
+	c.Tick(2 * sec)
+	dec := take(c)[0]
+	before := sharesOf(dec, "k")[1]
+	fence := dec.Issued + int64(cfg.Fence/time.Microsecond)
+	if err := c.Ack("a", "a1", dec.Term, dec.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	for i, now := range []int64{2*sec + 1000, 3 * sec, 3*sec + 1000} {
+		if i == 1 {
+			observe(t, c, "a", "a1", now/sec-1, now, map[string]int64{"k": 100})
+			observe(t, c, "b", "b1", now/sec-1, now, map[string]int64{"k": 900})
+		}
+		c.Tick(now)
+		for _, tb := range take(c) {
+			if sharesOf(tb, "k")[1] > before && tb.Effective < fence {
+				t.Errorf("table (%d,%d) issued %d gives b %d > %d effective %d, before the fence %d", tb.Term, tb.Epoch, tb.Issued, sharesOf(tb, "k")[1], before, tb.Effective, fence)
+			}
+		}
+	}
+}
+
+// A failover right after an increase whose Effective lies ahead must not
+// pull the increase forward.
+func TestStartTermKeepsStoredEffective(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	stored := &Table{
+		Term: 1, Epoch: 9, Issued: 2 * sec, Effective: 2*sec + 200*1000, Regions: []string{"a", "b"},
+		Leases: []int64{7 * sec, 7 * sec}, Agents: [][]string{{"a1"}, {"b1"}},
+		Keys: []KeyShares{{Key: "k", Shares: []uint32{200_000, 800_000}, Version: 4}},
+	}
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(2, stored, 2*sec+1000); err != nil {
+		t.Fatal(err)
+	}
+	if first := take(c)[0]; first.Effective < stored.Effective {
+		t.Errorf("republished table effective %d, before the stored increase's %d", first.Effective, stored.Effective)
+	}
+}
+
+// SetBudgets in the middle of a transition must not let the pending
+// increase out before the decrease is in force.
+func TestSetBudgetsKeepsTransition(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	take(c)
+	observe(t, c, "a", "a1", 0, sec, map[string]int64{"k": 900})
+	observe(t, c, "b", "b1", 0, sec, map[string]int64{"k": 100})
+	c.Tick(sec)
+	tabs := take(c)
+	// The wait runs to the lease of the table that gave a its larger share.
+	lease := tabs[len(tabs)-1].Leases[0]
+	observe(t, c, "a", "a1", 1, 2*sec, map[string]int64{"k": 100})
+	observe(t, c, "b", "b1", 1, 2*sec, map[string]int64{"k": 900})
+	c.Tick(2 * sec)
+	before := take(c)[0]
+	if err := c.SetBudgets([]Budget{budget("k"), budget("k2")}); err != nil {
+		t.Fatal(err)
+	}
+	// a never acks the decrease (its reports carry the table before it);
+	// its lease ends at 'lease'.
+	for i, now := int64(2), 3*sec; now < lease+int64(cfg.MaxSkew/time.Microsecond); now += sec {
+		if err := c.Observe(&Report{Region: "a", Agent: "a1", Interval: i, Term: before.Term, Epoch: before.Epoch - 1,
+			Keys: []KeyDemand{{Key: "k", Demand: Demand{Offered: 100, OfferedCost: 100}}}}, now); err != nil {
+			t.Fatal(err)
+		}
+		observe(t, c, "b", "b1", i, now, map[string]int64{"k": 900})
+		i++
+		c.Tick(now)
+		for _, tb := range take(c) {
+			if s := sharesOf(tb, "k"); s[1] > sharesOf(before, "k")[1] {
+				t.Fatalf("t=%d: b raised to %d (a acked nothing; its lease ends at %d)", now, s[1], lease)
+			}
+		}
+	}
+}
+
+// KeyShares.Version increments by exactly one each time a key's shares
+// change and not otherwise, across a run with demand moving around.
+func TestVersionCountsChanges(t *testing.T) {
+	w := newWorld(t, 11, worldConfig("a", "b", "c"), []int{1, 2, 1}, []string{"proportional", "ewma", "maxmin"}, quietNet())
+	for ri := range w.regions {
+		for k := range 3 {
+			w.demand[ri][k] = float64(100 * (ri + k + 1))
+		}
+	}
+	for i := range 8 {
+		w.run(int64(i+1) * 5 * w.dt)
+		w.demand[i%3][i%3], w.demand[(i+1)%3][i%3] = w.demand[(i+1)%3][i%3], w.demand[i%3][i%3]+300
+	}
+	changes := 0
+	for i := 1; i < len(w.tables); i++ {
+		p, n := w.tables[i-1], w.tables[i]
+		for k := range n.Keys {
+			want := p.Keys[k].Version
+			if !slices.Equal(p.Keys[k].Shares, n.Keys[k].Shares) {
+				want++
+				changes++
+			}
+			if n.Keys[k].Version != want {
+				t.Errorf("table (%d,%d) key %s: Version %d, want %d (shares %v → %v)", n.Term, n.Epoch, n.Keys[k].Key, n.Keys[k].Version, want, p.Keys[k].Shares, n.Keys[k].Shares)
+			}
+		}
+	}
+	if changes < 5 {
+		t.Errorf("only %d share changes in %d tables: the test proves little", changes, len(w.tables))
+	}
+}
+
+// Adding a budget changes no other key's shares and so none of their
+// Versions.
+func TestSetBudgetsKeepsVersions(t *testing.T) {
+	c := mustCoordinator(t, unitConfig("a", "b"), budget("k1"), budget("k2"))
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	first := take(c)[0]
+	for _, budgets := range [][]Budget{
+		{budget("k1"), budget("k2"), budget("k3")},
+		{budget("k3"), budget("k2"), budget("k1")},
+	} {
+		if err := c.SetBudgets(budgets); err != nil {
+			t.Fatal(err)
+		}
+		c.Tick(c.next)
+		tb := c.Latest()
+		for _, ks := range tb.Keys {
+			if ks.Key == "k3" {
+				continue
+			}
+			for _, old := range first.Keys {
+				if old.Key == ks.Key && slices.Equal(old.Shares, ks.Shares) && old.Version != ks.Version {
+					t.Errorf("after SetBudgets %v: key %s shares unchanged %v, Version %d → %d", keysOf(budgets), ks.Key, ks.Shares, old.Version, ks.Version)
+				}
+			}
+		}
+		take(c)
+		first = tb
+	}
+}
+
+func keysOf(bs []Budget) []string {
+	var out []string
+	for _, b := range bs {
+		out = append(out, b.Key)
+	}
+	return out
+}
+
+// Bad input is an error, and the coordinator ignores it (an unknown key is
+// reported, the rest of the report counts).
+func TestBadInput(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	now := 5 * sec
+	observe(t, c, "a", "a1", 2, now, map[string]int64{"k": 10})
+	kd := func(d Demand) []KeyDemand { return []KeyDemand{{Key: "k", Demand: d}} }
+	tests := []struct {
+		name string
+		give Report
+		want error
+	}{
+		{"unknown region", Report{Region: "zz", Agent: "x", Interval: 3}, ErrUnknownRegion},
+		{"empty agent", Report{Region: "a", Interval: 3}, ErrBadReport},
+		{"open interval", Report{Region: "b", Agent: "b1", Interval: 5}, ErrBadReport},
+		{"future interval", Report{Region: "b", Agent: "b1", Interval: 9}, ErrBadReport},
+		{"duplicate interval", Report{Region: "a", Agent: "a1", Interval: 2}, ErrBadReport},
+		{"older interval", Report{Region: "a", Agent: "a1", Interval: 1}, ErrBadReport},
+		{"negative offered", Report{Region: "b", Agent: "b1", Interval: 3, Keys: kd(Demand{Offered: -1})}, ErrBadReport},
+		{"negative cost", Report{Region: "b", Agent: "b1", Interval: 3, Keys: kd(Demand{OfferedCost: -1})}, ErrBadReport},
+		{"negative admitted", Report{Region: "b", Agent: "b1", Interval: 3, Keys: kd(Demand{Admitted: -1})}, ErrBadReport},
+		{"negative denied", Report{Region: "b", Agent: "b1", Interval: 3, Keys: kd(Demand{Denied: -1})}, ErrBadReport},
+	}
+	for _, tt := range tests {
+		if err := c.Observe(&tt.give, now); !errors.Is(err, tt.want) {
+			t.Errorf("%s: Observe = %v, want %v", tt.name, err, tt.want)
+		}
+	}
+	if a := c.agents[agentKey{"b", "b1"}]; a != nil && a.interval != minInterval {
+		t.Errorf("a refused report was recorded: b1 at interval %d", a.interval)
+	}
+	// Unknown keys: an error naming them, and the known key counts.
+	err := c.Observe(&Report{Region: "b", Agent: "b1", Interval: 4, Keys: []KeyDemand{
+		{Key: "nope", Demand: Demand{OfferedCost: 5}}, {Key: "k", Demand: Demand{OfferedCost: 40}},
+	}}, now+sec)
+	if !errors.Is(err, ErrBadReport) || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("unknown key: %v, want ErrBadReport naming it", err)
+	}
+	if a := c.agents[agentKey{"b", "b1"}]; a == nil || a.interval != 4 || a.demand[0] != 40 {
+		t.Errorf("the known key of a report with an unknown one did not count")
+	}
+	// A key listed twice in one report is refused, and nothing of the
+	// report counts.
+	if err := c.Observe(&Report{Region: "b", Agent: "b2", Interval: 4, Keys: []KeyDemand{
+		{Key: "k", Demand: Demand{OfferedCost: 0}}, {Key: "k", Demand: Demand{OfferedCost: 40}},
+	}}, now+sec); !errors.Is(err, ErrBadReport) || !strings.Contains(err.Error(), "listed twice") {
+		t.Errorf("duplicate key: %v, want ErrBadReport", err)
+	}
+	c.Tick(now + sec)
+	if got := c.demand[1]; got != 40 {
+		t.Errorf("b's demand %v per s, want 40 (b1 only)", got)
+	}
+
+	if err := c.Ack("zz", "x", 1, 1); !errors.Is(err, ErrUnknownRegion) {
+		t.Errorf("Ack unknown region: %v", err)
+	}
+	if err := c.Ack("a", "", 1, 1); !errors.Is(err, ErrBadReport) {
+		t.Errorf("Ack empty agent: %v", err)
+	}
+	if err := c.MemberChange([]Member{{"zz", "x"}}); !errors.Is(err, ErrUnknownRegion) {
+		t.Errorf("MemberChange unknown region: %v", err)
+	}
+	if err := c.MemberChange([]Member{{"a", ""}}); err == nil {
+		t.Error("MemberChange empty agent accepted")
+	}
+}
+
+const minInterval = -1 << 63
+
+func TestConfigAndBudgetErrors(t *testing.T) {
+	over := unitConfig("a", "b")
+	over.SafeShare = map[string]uint32{"a": 600_000, "b": 500_000}
+	big := unitConfig("a", "b")
+	big.SafeShare = map[string]uint32{"a": 2_000_000}
+	mixed := unitConfig("a", "b", "c")
+	mixed.SafeShare = map[string]uint32{"a": 990_000}
+	mixed.SafeFraction = 0.9 // b and c get 300,000 each
+	for name, cfg := range map[string]Config{"sum above PPM": over, "one above PPM": big, "named and fraction": mixed} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "safe shares") {
+			t.Errorf("%s: Validate = %v, want the safe shares refused", name, err)
+		}
+		if _, err := NewCoordinator(cfg, []Budget{budget("k")}); err == nil {
+			t.Errorf("%s: NewCoordinator accepted", name)
+		}
+	}
+	cfg := unitConfig("a", "b")
+	tests := []struct {
+		name string
+		give []Budget
+		want string
+	}{
+		{"duplicate key", []Budget{budget("k"), budget("k")}, "listed twice"},
+		{"empty key", []Budget{budget("")}, "empty key"},
+		{"invalid limit", []Budget{{Key: "k", Limit: gcra.PerSecond(0, 10)}}, "invalid limit"},
+		{"unknown strategy", []Budget{{Key: "k", Limit: gcra.PerSecond(10, 1), Strategy: "nope"}}, "unknown strategy"},
+		{"pinned unknown region", []Budget{{Key: "k", Limit: gcra.PerSecond(10, 1), Pinned: map[string]uint32{"zz": 1}}}, "unknown region"},
+		{"pinned below floor", []Budget{{Key: "k", Limit: gcra.PerSecond(10, 1), Pinned: map[string]uint32{"a": 1}}}, "floor"},
+		{"pinned above PPM", []Budget{{Key: "k", Limit: gcra.PerSecond(10, 1), Pinned: map[string]uint32{"a": 600_000, "b": 500_000}}}, "above"},
+	}
+	c := mustCoordinator(t, cfg, budget("ok"))
+	for _, tt := range tests {
+		if _, err := NewCoordinator(cfg, tt.give); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: NewCoordinator = %v, want %q", tt.name, err, tt.want)
+		}
+		if err := c.SetBudgets(tt.give); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: SetBudgets = %v, want %q", tt.name, err, tt.want)
+		}
+		if len(c.budgets) != 1 || c.budgets[0].Key != "ok" {
+			t.Errorf("%s: a refused SetBudgets changed the budgets to %v", tt.name, keysOf(c.budgets))
+		}
+	}
+}
