@@ -74,13 +74,14 @@ func New(rate int64, period time.Duration, burst int64) Limit {
 // FromInterval is one event every intervalMicros microseconds with the given
 // burst. FromInterval(0, 0) is the zero limit.
 func FromInterval(intervalMicros, burst int64) Limit {
-	l := Limit{t: intervalMicros, burst: burst}
-	l.ok = l.validate() == nil && !l.IsZero()
-	return l
+	// The fast form of validate for a limit with no rate or period:
+	// usable iff T ≥ 1, Burst ≥ 1 and Burst·T within MaxWindow.
+	ok := intervalMicros > 0 && burst > 0 && !windowExceeds(burst, intervalMicros)
+	return Limit{t: intervalMicros, burst: burst, ok: ok}
 }
 
 // IsZero reports whether l is the zero limit, which denies every request.
-func (l Limit) IsZero() bool { return l == Limit{} }
+func (l Limit) IsZero() bool { return l.t == 0 && l.burst == 0 && l.rate == 0 && l.period == 0 }
 
 // Interval returns the emission interval T.
 func (l Limit) Interval() time.Duration { return time.Duration(l.t) * time.Microsecond }
@@ -145,7 +146,7 @@ func (l Limit) validate() error {
 	switch {
 	case l.burst < 1:
 		errs = append(errs, fmt.Errorf("burst %d: must be at least 1", l.burst))
-	case l.t > 0 && l.burst > MaxWindowMicros/l.t:
+	case l.t > 0 && windowExceeds(l.burst, l.t):
 		errs = append(errs, fmt.Errorf("burst %d × interval %dµs: exceeds the maximum window %s", l.burst, l.t, MaxWindow))
 	}
 	return errors.Join(errs...)
@@ -162,4 +163,11 @@ func (l Limit) String() string {
 	default:
 		return fmt.Sprintf("T=%dµs burst %d", l.t, l.burst)
 	}
+}
+
+// windowExceeds reports whether burst·t > MaxWindowMicros, without a
+// division (constructors run it for every limit they build).
+func windowExceeds(burst, t int64) bool {
+	hi, lo := bits.Mul64(uint64(burst), uint64(t))
+	return hi != 0 || lo > uint64(MaxWindowMicros)
 }

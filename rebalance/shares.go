@@ -131,7 +131,10 @@ func RegionalLimit(global gcra.Limit, share uint32, burst int64) gcra.Limit {
 		// window; the region gets nothing rather than more than its share.
 		return gcra.Limit{}
 	}
-	b := min(burst, gcra.MaxWindowMicros/tr)
+	b := burst
+	if hi, lo := bits.Mul64(uint64(b), uint64(tr)); hi != 0 || lo > uint64(gcra.MaxWindowMicros) {
+		b = gcra.MaxWindowMicros / tr // the region's window may not exceed MaxWindow
+	}
 	if b < 1 {
 		return gcra.Limit{}
 	}
@@ -151,7 +154,14 @@ func RegionalLimit(global gcra.Limit, share uint32, burst int64) gcra.Limit {
 // is scratch space and out receives the bursts; both have len(shares)
 // elements, as does demand. It allocates nothing.
 func SplitBurst(burst int64, shares []uint32, demand []bool, weights []float64, out []int64) {
-	splitShares(burst, shares, out)
+	var stack [16]int64
+	rem := stack[:0]
+	if len(shares) <= len(stack) {
+		rem = stack[:len(shares)]
+	} else {
+		rem = make([]int64, len(shares))
+	}
+	splitShares(burst, shares, out, rem)
 	needs := func(i int) bool { return shares[i] > 0 && demand[i] }
 	for {
 		taker := -1
@@ -207,7 +217,8 @@ func CheckShares(shares, safe []uint32, overcommit bool) error {
 // integer arithmetic: each part gets floor(total·s/Σs), and the units left
 // go one each to the largest remainders, ties to the lower index. total·s
 // fits in 64 bits: total is a burst (≤ MaxWindow µs < 2^37) and s ≤ 2^32.
-func splitShares(total int64, shares []uint32, out []int64) {
+// rem is scratch space of len(shares).
+func splitShares(total int64, shares []uint32, out []int64, rem []int64) {
 	var sum int64
 	for _, s := range shares {
 		sum += int64(s)
@@ -218,17 +229,18 @@ func splitShares(total int64, shares []uint32, out []int64) {
 	}
 	given := int64(0)
 	for i, s := range shares {
-		out[i] = total * int64(s) / sum
+		p := total * int64(s)
+		out[i], rem[i] = p/sum, p%sum
 		given += out[i]
 	}
 	for ; given < total; given++ {
-		best, bestR := -1, int64(-1)
+		best := -1
 		for i, s := range shares {
-			r := total * int64(s) % sum
-			if s > 0 && r > bestR && out[i]*sum <= total*int64(s) {
-				best, bestR = i, r
+			if s > 0 && rem[i] >= 0 && (best < 0 || rem[i] > rem[best]) {
+				best = i
 			}
 		}
 		out[best]++
+		rem[best] = -1 // one unit each
 	}
 }
