@@ -137,7 +137,14 @@
 // named in a region that lost share has acknowledged the decrease in force,
 // or that region's lease plus MaxSkew has passed, and it takes effect at
 // least Fence after the decrease. So at any instant, whatever mix of tables
-// the regions run, no key's shares in force sum above PPM.
+// the regions run, no key's shares in force sum above PPM. With agents that
+// acknowledge a table as soon as it is in force, a shift of demand is
+// reflected within 2Δ + 4 one-way latencies + Fence: up to Δ until the next
+// rebalance sees the new demand (reports are per closed interval, so up to
+// another Δ), a latency each for the report, the decrease, its
+// acknowledgement and the increase, and the fence. An agent that never
+// acknowledges delays the increase to its region's previous lease plus
+// MaxSkew.
 //
 // A coordinator acts under a term, the fencing number its election gives.
 // StartTerm hands it the newest stored table: it republishes those shares
