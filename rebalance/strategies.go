@@ -229,6 +229,19 @@ func putAllocBuf(buf *allocBuf) { allocBufs.Put(buf) }
 
 // spread adds d ppm split by largest remainder in proportion to weights
 // (ties by region name) onto out.
+// spreadOrKeep spreads d by the weights in buf.w when some region has
+// weight; with none, it keeps the last shares if they are usable, else
+// splits d equally (the proportional family's rule for a key with no
+// demand anywhere).
+func (b *strategyBase) spreadOrKeep(in *Input, d int64, some bool, out []uint32, buf *allocBuf) {
+	if some || !keepLast(in, out) {
+		if !some {
+			setEqualWeights(buf.w)
+		}
+		b.spread(d, buf.w, out, buf)
+	}
+}
+
 func (b *strategyBase) spread(d int64, weights []float64, out []uint32, buf *allocBuf) {
 	splitRanked(d, weights, b.rank, buf.parts)
 	for i := range out {
@@ -308,12 +321,7 @@ func (s *proportionalStrategy) Allocate(in *Input, out []uint32) {
 			buf.w[i] = demandAt(in, i)
 			some = some || buf.w[i] > 0
 		}
-		if some || !keepLast(in, out) {
-			if !some {
-				setEqualWeights(buf.w)
-			}
-			s.spread(d, buf.w, out, buf)
-		}
+		s.spreadOrKeep(in, d, some, out, buf)
 	}
 	putAllocBuf(buf)
 }
@@ -343,12 +351,7 @@ func (s *ewmaStrategy) Allocate(in *Input, out []uint32) {
 			buf.w[i] = st
 			some = some || st > 0
 		}
-		if some || !keepLast(in, out) {
-			if !some {
-				setEqualWeights(buf.w)
-			}
-			s.spread(d, buf.w, out, buf)
-		}
+		s.spreadOrKeep(in, d, some, out, buf)
 	}
 	putAllocBuf(buf)
 }
