@@ -59,6 +59,8 @@ type Coordinator struct {
 	fence      int64              // the last increase's effective time: no later table takes effect before it
 	namedUntil map[agentKey]int64 // agents a table named, until its lease plus skew
 
+	spare [2][]uint32 // freed shares buffers, reused by rebalance
+
 	next  int64 // next rebalance, µs
 	ready []*Table
 	now   int64
@@ -474,6 +476,7 @@ func (c *Coordinator) Tick(now int64) {
 	}
 	if c.transition && c.decreaseInForce(now) {
 		c.fence = max(c.fence, now, c.decreased+int64(c.cfg.Fence/time.Microsecond))
+		c.free(c.cur)
 		c.cur, c.target = c.target, nil
 		c.transition = false
 		c.publish(now, now, c.cur)

@@ -3,8 +3,6 @@ package rebalance
 import (
 	"slices"
 	"time"
-
-	"github.com/meridian-quota/meridian/gcra"
 )
 
 // rebalance computes new shares for every key and publishes them, in two
@@ -42,7 +40,7 @@ func (c *Coordinator) rebalance(now int64) {
 		}
 	}
 
-	desired := make([]uint32, K*n)
+	desired := c.buffer(K * n)
 	decrease := false
 	sc := &c.scratch
 	for k := range K {
@@ -81,6 +79,7 @@ func (c *Coordinator) rebalance(now int64) {
 		}
 	}
 	if !decrease || c.cfg.Shadow {
+		c.free(c.cur)
 		c.cur = desired
 		c.publish(now, now, c.cur)
 		return
@@ -88,7 +87,7 @@ func (c *Coordinator) rebalance(now int64) {
 	// Break before make: publish min(current, desired) now; the increases
 	// wait until every agent the previous table named in a decreasing
 	// region has the decrease in force, or its lease plus skew has passed.
-	dec := make([]uint32, K*n)
+	dec := c.buffer(K * n)
 	decRegion := make([]bool, n)
 	for i := range dec {
 		dec[i] = min(c.cur[i], desired[i])
@@ -107,6 +106,7 @@ func (c *Coordinator) rebalance(now int64) {
 			c.waitFor[agentKey{c.regions[r], a}] = true
 		}
 	}
+	c.free(c.cur)
 	c.cur, c.target = dec, desired
 	c.transition = true
 	c.decreased = now
@@ -252,8 +252,6 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32) {
 		changedRows++
 	}
 	backS := make([]uint32, changedRows*n)
-	backL := make([]gcra.Limit, changedRows*n)
-	sc := &c.scratch
 	for k := range K {
 		row := shares[k*n : (k+1)*n]
 		prev := &c.rows[k]
@@ -264,15 +262,10 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32) {
 		if c.pub == nil || !slices.Equal(c.pub[k*n:(k+1)*n], row) {
 			c.version[k]++
 		}
-		s, l := backS[:n:n], backL[:n:n]
-		backS, backL = backS[n:], backL[n:]
+		s := backS[:n:n]
+		backS = backS[n:]
 		copy(s, row)
-		for r := range n {
-			sc.has[r] = row[r] > 0
-		}
-		b := c.budgets[k].Limit
-		Derive(b, s, sc.has, l, sc.weights, sc.bursts)
-		*prev = KeyShares{Key: c.budgets[k].Key, Budget: b, Shares: s, Limits: l, Version: c.version[k]}
+		*prev = KeyShares{Key: c.budgets[k].Key, Budget: c.budgets[k].Limit, Shares: s, Version: c.version[k]}
 		t.Keys[k] = *prev
 	}
 	if len(c.pub) != K*n {
@@ -294,4 +287,26 @@ func (c *Coordinator) prevAgents(r int) []string {
 		}
 	}
 	return nil
+}
+
+// buffer returns a shares buffer of n elements, reusing one freed earlier
+// (shares buffers are internal: tables copy what they publish).
+func (c *Coordinator) buffer(n int) []uint32 {
+	for i, b := range c.spare {
+		if b != nil && len(b) == n {
+			c.spare[i] = nil
+			return b
+		}
+	}
+	return make([]uint32, n)
+}
+
+// free keeps b for reuse.
+func (c *Coordinator) free(b []uint32) {
+	for i := range c.spare {
+		if c.spare[i] == nil {
+			c.spare[i] = b
+			return
+		}
+	}
 }

@@ -63,9 +63,19 @@ func splitRanked(total int64, weights []float64, rank []int, out []int64) {
 		}
 		return uint64(math.Ldexp(w, shift)) // < 2^(64−bits.Len(n)): exact, truncated
 	}
+	// Each weight's units and quotient are computed once (scratch on the
+	// stack for up to 16 regions).
+	var ua, qa [16]uint64
+	us, qs := ua[:0], qa[:0]
+	if n <= len(ua) {
+		us, qs = ua[:n], qa[:n]
+	} else {
+		us, qs = make([]uint64, n), make([]uint64, n)
+	}
 	sum := uint64(0) // < n·2^(64−bits.Len(n)) ≤ 2^64
-	for _, w := range weights {
-		sum += units(w)
+	for i, w := range weights {
+		us[i] = units(w)
+		sum += us[i]
 	}
 	key := func(i int) int {
 		if rank == nil {
@@ -75,10 +85,11 @@ func splitRanked(total int64, weights []float64, rank []int, out []int64) {
 	}
 	// First pass: out holds each remainder (total·u mod sum, as bits).
 	given := int64(0)
-	for i, w := range weights {
-		hi, lo := bits.Mul64(uint64(total), units(w))
+	for i := range weights {
+		hi, lo := bits.Mul64(uint64(total), us[i])
 		q, r := bits.Div64(hi, lo, sum) // hi < sum: total < 2^64 and u ≤ sum
 		given += int64(q)
+		qs[i] = q
 		out[i] = int64(r)
 	}
 	// left < n units go to the largest remainders: find the left-th in the
@@ -101,11 +112,9 @@ func splitRanked(total int64, weights []float64, rank []int, out []int64) {
 		}
 		cutR, cutK = bestR, bestK
 	}
-	for i, w := range weights {
+	for i := range weights {
 		r, k := uint64(out[i]), key(i)
-		hi, lo := bits.Mul64(uint64(total), units(w))
-		q, _ := bits.Div64(hi, lo, sum)
-		out[i] = int64(q)
+		out[i] = int64(qs[i])
 		if cutK >= 0 && (r > cutR || (r == cutR && k <= cutK)) {
 			out[i]++
 		}

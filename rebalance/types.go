@@ -1,6 +1,10 @@
 package rebalance
 
-import "github.com/meridian-quota/meridian/gcra"
+import (
+	"slices"
+
+	"github.com/meridian-quota/meridian/gcra"
+)
 
 // Demand is what one agent saw of one key in one report interval. Offered
 // (admitted + denied) drives allocation: admitted alone is censored by the
@@ -37,12 +41,13 @@ type Member struct {
 }
 
 // KeyShares is one key's row of a share table: per region (in the table's
-// region order) the share in ppm and the derived regional limit.
+// region order) the share in ppm. The regional limits are derived from the
+// shares and the budget (Limits, Limit) — the same for every reader, and not
+// stored, so a table of 100,000 keys × 10 regions costs its shares only.
 type KeyShares struct {
 	Key    string
 	Budget gcra.Limit
 	Shares []uint32
-	Limits []gcra.Limit
 	// Version counts the changes to this key's shares, one per table that
 	// changed them: the epoch a region passes to its store for this key
 	// (gcra.Version.Epoch), so the key's state is converted only when its
@@ -73,4 +78,33 @@ type Table struct {
 // Newer reports whether t is ordered after (term, epoch).
 func (t *Table) Newer(term, epoch uint64) bool {
 	return t.Term > term || (t.Term == term && t.Epoch > epoch)
+}
+
+// Limits derives the row's regional limits into dst (resized to
+// len(Shares)) and returns it: T_r = ceil(T·10⁶/s_r) from the budget's
+// rounded emission interval, and the budget's burst split over the regions
+// by SplitBurst, every region with a share counting as one with demand.
+func (ks *KeyShares) Limits(dst []gcra.Limit) []gcra.Limit {
+	n := len(ks.Shares)
+	dst = slices.Grow(dst[:0], n)[:n]
+	var wa [16]float64
+	var ba [16]int64
+	var ha [16]bool
+	w, b, has := wa[:0], ba[:0], ha[:0]
+	if n <= len(wa) {
+		w, b, has = wa[:n], ba[:n], ha[:n]
+	} else {
+		w, b, has = make([]float64, n), make([]int64, n), make([]bool, n)
+	}
+	for i, s := range ks.Shares {
+		has[i] = s > 0
+	}
+	Derive(ks.Budget, ks.Shares, has, dst, w, b)
+	return dst
+}
+
+// Limit returns region r's limit (r indexes the table's Regions).
+func (ks *KeyShares) Limit(r int) gcra.Limit {
+	var la [16]gcra.Limit
+	return ks.Limits(la[:0])[r]
 }
