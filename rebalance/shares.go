@@ -92,32 +92,32 @@ func splitRanked(total int64, weights []float64, rank []int, out []int64) {
 		qs[i] = q
 		out[i] = int64(r)
 	}
-	// left < n units go to the largest remainders: find the left-th in the
-	// order (remainder descending, key ascending) without sorting.
-	left := total - given
-	var cutR uint64
-	cutK := -1
-	for u := int64(0); u < left; u++ {
-		best := -1
-		var bestR uint64
-		bestK := 0
-		for i := range out {
-			r, k := uint64(out[i]), key(i)
-			if cutK >= 0 && (r > cutR || (r == cutR && k <= cutK)) {
-				continue // already among the winners
-			}
-			if best < 0 || r > bestR || (r == bestR && k < bestK) {
-				best, bestR, bestK = i, r, k
+	// left < n units go to the largest remainders (ties to the lower key):
+	// order the regions by (remainder descending, key ascending) with an
+	// insertion sort — n is small — and give the first left one unit each.
+	left := int(total - given)
+	var oa [16]int
+	ord := oa[:0]
+	if n > len(oa) {
+		ord = make([]int, 0, n)
+	}
+	before := func(a, b int) bool { // a ranks before b
+		ra, rb := uint64(out[a]), uint64(out[b])
+		return ra > rb || (ra == rb && key(a) < key(b))
+	}
+	if left > 0 {
+		for i := range n {
+			ord = append(ord, i)
+			for j := len(ord) - 1; j > 0 && before(ord[j], ord[j-1]); j-- {
+				ord[j], ord[j-1] = ord[j-1], ord[j]
 			}
 		}
-		cutR, cutK = bestR, bestK
 	}
 	for i := range weights {
-		r, k := uint64(out[i]), key(i)
 		out[i] = int64(qs[i])
-		if cutK >= 0 && (r > cutR || (r == cutR && k <= cutK)) {
-			out[i]++
-		}
+	}
+	for _, i := range ord[:min(left, len(ord))] {
+		out[i]++
 	}
 }
 
