@@ -30,8 +30,10 @@ type Config struct {
 	// Hysteresis θ in ppm: a key's new shares are published only when some
 	// region's share moves by at least this much.
 	Hysteresis uint32
-	// StaleAfter k: a report older than k·Δ no longer counts, and the
-	// region keeps its last share for that agent's part.
+	// StaleAfter k: once an agent's latest report is k·Δ old, its region
+	// keeps its last share (the agent may still be running it) until no
+	// table names the agent any more; its last known demand keeps counting
+	// meanwhile, never as zero.
 	StaleAfter int
 	// SafeShare is each region's floor in ppm, by region name; a region
 	// not listed gets an equal part of SafeFraction.

@@ -354,7 +354,8 @@ func TestAgentRefusesOlderTable(t *testing.T) {
 }
 
 // Reports are summed across a region's agents; a missing agent counts as
-// last known until its report is StaleAfter·Δ old.
+// last known, never as zero: once its report is StaleAfter·Δ old its region
+// keeps its last share, until no table names the agent any more.
 func TestReportsSummedAcrossAgents(t *testing.T) {
 	cfg := unitConfig("a", "b")
 	c := mustCoordinator(t, cfg, budget("k"))
@@ -390,8 +391,21 @@ func TestReportsSummedAcrossAgents(t *testing.T) {
 			t.Errorf("interval %d with a2 missing: demand %v, want a at 100 (last known)", i, got)
 		}
 	}
-	if got := step(3, 30, -1, 50); got[0] != perSec(30) {
-		t.Errorf("interval 3, a2's report 3 intervals old: demand %v, want a at 30 (stale stops counting)", got)
+	// Stale (3 intervals old) but still named by a table whose lease runs:
+	// a2's last known demand still counts, and a keeps its last share.
+	shareA := c.Latest().Keys[0].Shares[0]
+	for i := int64(3); i <= 7; i++ {
+		if got := step(i, 30, -1, 50); got[0] != perSec(100) {
+			t.Errorf("interval %d, a2 stale but remembered: demand %v, want a at 100 (last known, never zero)", i, got)
+		}
+		if s := c.Latest().Keys[0].Shares[0]; s != shareA {
+			t.Errorf("interval %d, a2 stale: a's share %d, want it held at %d", i, s, shareA)
+		}
+	}
+	// The last table naming a2 while it reported had its lease end at 8 s
+	// (+ skew): from then on a2 is forgotten and a's demand is a1's alone.
+	if got := step(8, 30, -1, 50); got[0] != perSec(30) {
+		t.Errorf("interval 8, a2 forgotten: demand %v, want a at 30", got)
 	}
 }
 

@@ -127,9 +127,10 @@
 // on the previous one before publishing it, and calls Advance. It reads no
 // clock, does no I/O and uses no randomness.
 //
-// Every Δ it sums each region's agents' latest fresh reports (a missing
-// agent counts as last known; a report older than StaleAfter·Δ stops
-// counting), runs each key's strategy, keeps a silent region's share until
+// Every Δ it sums each region's agents' latest reports (a missing agent
+// counts as last known, never as zero; a region with an agent silent for
+// StaleAfter·Δ keeps its last share until no table names that agent),
+// runs each key's strategy, keeps a silent region's share until
 // its lease plus MaxSkew has passed and then only its floor, and skips
 // changes below the hysteresis. Shares change break before make: a table
 // with every share that falls (and none that rises) goes out at once; the

@@ -1,6 +1,7 @@
 package rebalance
 
 import (
+	"math"
 	"slices"
 	"time"
 )
@@ -12,18 +13,34 @@ func (c *Coordinator) rebalance(now int64) {
 	n := c.nR
 	K := len(c.budgets)
 	skew := int64(c.cfg.MaxSkew / time.Microsecond)
+	// A region is alive when it has an agent with a fresh report. An agent
+	// whose report went stale is remembered while it is a member or a table
+	// still names it (its lease plus skew): its last known demand still
+	// counts, never as zero, and its region keeps its last share — the
+	// agent may still run it. Past that, it is forgotten.
 	alive := make([]bool, n)
+	held := make([]bool, n)
 	for k, a := range c.agents {
-		if c.fresh(a, now) {
-			alive[c.ridx[k.region]] = true
+		r := c.ridx[k.region]
+		switch {
+		case c.fresh(a, now):
+			alive[r] = true
+		case a.interval == math.MinInt64:
+			// acknowledgements only: no demand to count
+		case c.members[k] || c.namedUntil[k] > now:
+			held[r] = true
+		default:
+			delete(c.agents, k)
 		}
 	}
 	expired := make([]bool, n)
 	for r := range n {
-		expired[r] = !alive[r] && now >= c.leases[r]+skew
+		if held[r] {
+			alive[r] = false // keeps its last share (holdSilent)
+		}
+		expired[r] = !alive[r] && !held[r] && now >= c.leases[r]+skew
 	}
-	// Demand per key and region: each agent's last fresh report (a
-	// missing agent counts as last known; a stale one no longer counts).
+	// Demand per key and region: each remembered agent's last report.
 	if len(c.demand) != K*n {
 		c.demand = make([]float64, K*n)
 	} else {
@@ -31,9 +48,6 @@ func (c *Coordinator) rebalance(now int64) {
 	}
 	perSec := 1 / c.cfg.Interval.Seconds()
 	for k, a := range c.agents {
-		if !c.fresh(a, now) {
-			continue
-		}
 		r := c.ridx[k.region]
 		for _, ki := range a.keys {
 			c.demand[ki*n+r] += a.demand[ki] * perSec
@@ -235,10 +249,21 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32) {
 		t.Leases[r] = c.leases[r]
 		for a := range named[r] {
 			t.Agents[r] = append(t.Agents[r], a)
-			k := agentKey{c.regions[r], a}
-			c.namedUntil[k] = max(c.namedUntil[k], c.leases[r]+skew)
 		}
 		slices.Sort(t.Agents[r])
+	}
+	// Only a live member or a fresh reporter extends how long it stays
+	// named; an agent named only because an earlier table named it drops
+	// out once that table's lease plus skew has passed.
+	for k := range c.members {
+		r := c.ridx[k.region]
+		c.namedUntil[k] = max(c.namedUntil[k], c.leases[r]+skew)
+	}
+	for k, a := range c.agents {
+		if c.fresh(a, now) {
+			r := c.ridx[k.region]
+			c.namedUntil[k] = max(c.namedUntil[k], c.leases[r]+skew)
+		}
 	}
 	// Rows of keys whose shares did not change are shared with the previous
 	// table (tables are immutable once published); changed rows get new
