@@ -61,6 +61,8 @@ type Coordinator struct {
 
 	spare [2][]uint32 // freed shares buffers, reused by rebalance
 
+	policyVersion string
+
 	next  int64 // next rebalance, µs
 	ready []*Table
 	now   int64
@@ -246,6 +248,11 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 	return nil
 }
 
+// SetPolicyVersion stamps every later table with the policy version (the
+// content hash of the policy the budgets come from). Agents run a key whose
+// policy version disagrees with the table's at its safe share.
+func (c *Coordinator) SetPolicyVersion(v string) { c.policyVersion = v }
+
 // Regions returns the regions in table order.
 func (c *Coordinator) Regions() []string { return slices.Clone(c.regions) }
 
@@ -373,9 +380,11 @@ func (c *Coordinator) agent(k agentKey) *agentState {
 // Observe takes one agent's demand report, received at now (µs). A report
 // must name a known region and an agent, be for a closed interval (not
 // later than the one before now), not repeat or precede that agent's last
-// report, and carry no negative counts or unknown keys (unknown keys are
-// reported, the rest of the report still counts). It also acknowledges the
-// table the agent had in force.
+// report, list each key once and carry no negative counts; otherwise it is
+// refused whole. Unknown keys are reported in the error while the rest of
+// the report counts. An agent that membership does not list yet is
+// accepted: its reports count and the next table names it. A report also
+// acknowledges the table the agent had in force.
 func (c *Coordinator) Observe(r *Report, now int64) error {
 	if _, ok := c.ridx[r.Region]; !ok {
 		return fmt.Errorf("rebalance: report from %q in %q: %w", r.Agent, r.Region, ErrUnknownRegion)

@@ -889,3 +889,17 @@ func TestConfigAndBudgetErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestPolicyVersionStamped(t *testing.T) {
+	c := mustCoordinator(t, unitConfig("a", "b"), budget("k"))
+	c.SetPolicyVersion("p1")
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	c.SetPolicyVersion("p2")
+	c.Tick(sec)
+	tabs := take(c)
+	if tabs[0].PolicyVersion != "p1" || tabs[len(tabs)-1].PolicyVersion != "p2" {
+		t.Errorf("policy versions %q … %q, want p1 … p2", tabs[0].PolicyVersion, tabs[len(tabs)-1].PolicyVersion)
+	}
+}

@@ -208,7 +208,7 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32) {
 	skew := int64(c.cfg.MaxSkew / time.Microsecond)
 	c.epoch++
 	t := &Table{
-		Term: c.term, Epoch: c.epoch, Issued: now, Effective: max(eff, c.fence),
+		Term: c.term, Epoch: c.epoch, Issued: now, Effective: max(eff, c.fence), PolicyVersion: c.policyVersion,
 		Regions: c.regions, Leases: make([]int64, n), Agents: make([][]string, n),
 		Keys: make([]KeyShares, K), Shadow: c.cfg.Shadow,
 	}
