@@ -17,8 +17,8 @@ type Config struct {
 	// Interval is Δ, the report and rebalance interval.
 	Interval time.Duration
 	// Lease is how long a region may run on a table without hearing from
-	// the coordinator; each table renews the leases of the regions that
-	// report.
+	// the coordinator; each table renews the leases of the regions with a
+	// fresh report or a live member.
 	Lease time.Duration
 	// MaxSkew is the largest clock difference assumed between any two
 	// regions' stores and the coordinator.

@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/meridian-quota/meridian/gcra"
 )
 
 // Coordinator is the pure coordinator core, in the style of etcd/raft's
@@ -62,6 +64,7 @@ type Coordinator struct {
 	spare [2][]uint32 // freed shares buffers, reused by rebalance
 
 	policyVersion string
+	retired       map[string]retiredKey // removed keys' versions, for a while
 
 	next  int64 // next rebalance, µs
 	ready []*Table
@@ -71,6 +74,18 @@ type Coordinator struct {
 }
 
 type agentKey struct{ region, agent string }
+
+// retiredKey remembers a removed key's version so that a key added again
+// continues from it (gcra epoch tags must move forward).
+type retiredKey struct {
+	version uint64
+	at      int64
+}
+
+// retireFor is how long a removed key's version is kept: the longest a
+// region's state for the key can live (gcra.MaxWindow plus the longest
+// debt a change carries, 2^39 µs).
+const retireFor = gcra.MaxWindowMicros + 1<<39
 
 type agentState struct {
 	interval int64
@@ -218,13 +233,34 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 	version := make([]uint64, len(budgets))
 	state := make([]float64, len(budgets)*n)
 	rows := make([]KeyShares, len(budgets))
+	// Versions never go back: a removed key's version is kept for the
+	// longest a region's state can outlive it, and a key whose budget
+	// changes gets a new version as its limits do.
+	if c.retired == nil {
+		c.retired = map[string]retiredKey{}
+	}
+	for k, rk := range c.retired {
+		if c.now-rk.at > retireFor {
+			delete(c.retired, k)
+		}
+	}
 	for i, b := range budgets {
 		if old, ok := c.kidx[b.Key]; ok {
 			copy(state[i*n:(i+1)*n], c.state[old*n:(old+1)*n])
 			version[i] = c.version[old]
 			if old < len(c.rows) && c.rows[old].Budget == b.Limit {
 				rows[i] = c.rows[old]
+			} else if c.budgets[old].Limit != b.Limit {
+				version[i]++
 			}
+		} else if rk, ok := c.retired[b.Key]; ok {
+			version[i] = rk.version + 1
+			delete(c.retired, b.Key)
+		}
+	}
+	for i, b := range c.budgets {
+		if _, ok := kidx[b.Key]; !ok {
+			c.retired[b.Key] = retiredKey{version: c.version[i], at: c.now}
 		}
 	}
 	// Agents' demand is indexed by key; remap it.

@@ -2,6 +2,7 @@ package rebalance
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -901,5 +902,65 @@ func TestPolicyVersionStamped(t *testing.T) {
 	tabs := take(c)
 	if tabs[0].PolicyVersion != "p1" || tabs[len(tabs)-1].PolicyVersion != "p2" {
 		t.Errorf("policy versions %q … %q, want p1 … p2", tabs[0].PolicyVersion, tabs[len(tabs)-1].PolicyVersion)
+	}
+}
+
+// Versions move forward whenever a key's limits change: a new budget, or
+// a key removed and added again.
+func TestVersionOnBudgetChangeAndReAdd(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	v0 := take(c)[0].Keys[0].Version
+	b := budget("k")
+	b.Limit = gcra.PerSecond(10, 1)
+	if err := c.SetBudgets([]Budget{b}); err != nil {
+		t.Fatal(err)
+	}
+	c.Tick(sec)
+	tabs := take(c)
+	v1 := tabs[len(tabs)-1].Keys[0].Version
+	if v1 <= v0 {
+		t.Fatalf("budget changed, version %d → %d; want it to move forward", v0, v1)
+	}
+	if err := c.SetBudgets(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetBudgets([]Budget{b}); err != nil {
+		t.Fatal(err)
+	}
+	c.Tick(2 * sec)
+	tabs = take(c)
+	if v2 := tabs[len(tabs)-1].Keys[0].Version; v2 <= v1 {
+		t.Fatalf("key removed and added again: version %d → %d; want it to move forward", v1, v2)
+	}
+}
+
+// Demand is summed in a fixed order: coordinators fed the same reports
+// publish the same shares, whatever the map order.
+func TestDemandSumOrderFixed(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	cfg.Hysteresis = 0
+	cfg.SafeShare = map[string]uint32{"a": 50_000, "b": 49_999}
+	var first []uint32
+	for range 50 {
+		c := mustCoordinator(t, cfg, budget("k"))
+		if err := c.StartTerm(1, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range []int64{1 << 53, 1, 1} {
+			observe(t, c, "a", fmt.Sprintf("a%d", i), 0, sec, map[string]int64{"k": d})
+		}
+		observe(t, c, "b", "b0", 0, sec, map[string]int64{"k": 1<<53 + 2})
+		c.Tick(sec)
+		tabs := take(c)
+		got := tabs[len(tabs)-1].Keys[0].Shares
+		if first == nil {
+			first = slices.Clone(got)
+		} else if !slices.Equal(got, first) {
+			t.Fatalf("shares %v, earlier %v: the sum depends on map order", got, first)
+		}
 	}
 }

@@ -129,7 +129,8 @@
 //
 // Every Δ it sums each region's agents' latest reports (a missing agent
 // counts as last known, never as zero; a region with an agent silent for
-// StaleAfter·Δ keeps its last share until no table names that agent),
+// StaleAfter·Δ keeps its last share while membership lists that agent or a
+// table still names it),
 // runs each key's strategy, keeps a silent region's share until
 // its lease plus MaxSkew has passed and then only its floor, and skips
 // changes below the hysteresis. Shares change break before make: a table

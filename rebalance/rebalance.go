@@ -3,6 +3,7 @@ package rebalance
 import (
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -46,8 +47,21 @@ func (c *Coordinator) rebalance(now int64) {
 	} else {
 		clear(c.demand)
 	}
+	// Summed in (region, agent) order: float sums must not depend on map
+	// iteration order.
 	perSec := 1 / c.cfg.Interval.Seconds()
-	for k, a := range c.agents {
+	order := make([]agentKey, 0, len(c.agents))
+	for k := range c.agents {
+		order = append(order, k)
+	}
+	slices.SortFunc(order, func(x, y agentKey) int {
+		if x.region != y.region {
+			return strings.Compare(x.region, y.region)
+		}
+		return strings.Compare(x.agent, y.agent)
+	})
+	for _, k := range order {
+		a := c.agents[k]
 		r := c.ridx[k.region]
 		for _, ki := range a.keys {
 			c.demand[ki*n+r] += a.demand[ki] * perSec
@@ -123,9 +137,12 @@ func (c *Coordinator) rebalance(now int64) {
 	c.free(c.cur)
 	c.cur, c.target = dec, desired
 	c.transition = true
-	c.decreased = now
 	c.publish(now, now, c.cur)
 	c.decEpoch = c.epoch
+	// The decrease may take effect later than now (an earlier increase's
+	// fence): the increase is fenced from when the decrease is in force.
+	c.decreased = c.latest.Effective
+	c.waitUntil = max(c.waitUntil, c.decreased)
 }
 
 // holdSilent keeps a silent region's share until its lease plus skew has

@@ -227,8 +227,6 @@ func (b *strategyBase) begin(in *Input, out []uint32) (buf *allocBuf, d int64, o
 
 func putAllocBuf(buf *allocBuf) { allocBufs.Put(buf) }
 
-// spread adds d ppm split by largest remainder in proportion to weights
-// (ties by region name) onto out.
 // spreadOrKeep spreads d by the weights in buf.w when some region has
 // weight; with none, it keeps the last shares if they are usable, else
 // splits d equally (the proportional family's rule for a key with no
@@ -242,6 +240,8 @@ func (b *strategyBase) spreadOrKeep(in *Input, d int64, some bool, out []uint32,
 	}
 }
 
+// spread adds d ppm split by largest remainder in proportion to weights
+// (ties by region name) onto out.
 func (b *strategyBase) spread(d int64, weights []float64, out []uint32, buf *allocBuf) {
 	splitRanked(d, weights, b.rank, buf.parts)
 	for i := range out {
