@@ -29,6 +29,17 @@ func unitConfig(regions ...string) Config {
 
 func budget(key string) Budget { return Budget{Key: key, Limit: gcra.PerSecond(1000, 100)} }
 
+// started returns a coordinator at term 1 whose first table was taken.
+func started(t *testing.T, cfg Config, budgets ...Budget) *Coordinator {
+	t.Helper()
+	c := mustCoordinator(t, cfg, budgets...)
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	take(c)
+	return c
+}
+
 func mustCoordinator(t *testing.T, cfg Config, budgets ...Budget) *Coordinator {
 	t.Helper()
 	c, err := NewCoordinator(cfg, budgets)
@@ -97,11 +108,7 @@ func expectProportional(safe []uint32, demand []float64) []uint32 {
 // interval plus the others' break before make.
 func TestSilentRegionLeaseThenFloor(t *testing.T) {
 	cfg := unitConfig("a", "b", "c")
-	c := mustCoordinator(t, cfg, budget("k"))
-	if err := c.StartTerm(1, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	take(c)
+	c := started(t, cfg, budget("k"))
 	demand := map[string]int64{"a": 600, "b": 300, "c": 100}
 	silentFrom, backAt := int64(5), int64(20) // intervals
 	skew := int64(cfg.MaxSkew / time.Microsecond)
@@ -209,11 +216,7 @@ func TestSilentRegionRestReassigned(t *testing.T) {
 // plus skew passes, and keeps each key's Version.
 func TestStartTermRepublishesAndLearns(t *testing.T) {
 	cfg := unitConfig("a", "b", "c")
-	old := mustCoordinator(t, cfg, budget("k1"), budget("k2"))
-	if err := old.StartTerm(1, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	take(old)
+	old := started(t, cfg, budget("k1"), budget("k2"))
 	observe(t, old, "a", "a1", 0, sec, map[string]int64{"k1": 500, "k2": 10})
 	observe(t, old, "b", "b1", 0, sec, map[string]int64{"k1": 100, "k2": 50})
 	observe(t, old, "c", "c1", 0, sec, map[string]int64{"k1": 10, "k2": 500})
@@ -292,11 +295,7 @@ func TestStartTermRepublishesAndLearns(t *testing.T) {
 // not convert its state.
 func TestStartTermKeepsVersion(t *testing.T) {
 	cfg := unitConfig("a", "b")
-	old := mustCoordinator(t, cfg, budget("k"))
-	if err := old.StartTerm(1, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	take(old)
+	old := started(t, cfg, budget("k"))
 	observe(t, old, "a", "a1", 0, sec, map[string]int64{"k": 500})
 	observe(t, old, "b", "b1", 0, sec, map[string]int64{"k": 100})
 	old.Tick(sec)
@@ -359,11 +358,7 @@ func TestAgentRefusesOlderTable(t *testing.T) {
 // keeps its last share, until no table names the agent any more.
 func TestReportsSummedAcrossAgents(t *testing.T) {
 	cfg := unitConfig("a", "b")
-	c := mustCoordinator(t, cfg, budget("k"))
-	if err := c.StartTerm(1, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	take(c)
+	c := started(t, cfg, budget("k"))
 	step := func(i int64, a1, a2, b1 int64) []float64 {
 		t.Helper()
 		now := (i + 1) * sec
@@ -415,11 +410,7 @@ func TestReportsSummedAcrossAgents(t *testing.T) {
 func TestHysteresis(t *testing.T) {
 	cfg := unitConfig("a", "b")
 	cfg.Hysteresis = 10_000
-	c := mustCoordinator(t, cfg, budget("k"))
-	if err := c.StartTerm(1, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	take(c)
+	c := started(t, cfg, budget("k"))
 	tick := func(i int64, a, b int64) *Table {
 		now := (i + 1) * sec
 		observe(t, c, "a", "a1", i, now, map[string]int64{"k": a})
@@ -451,11 +442,7 @@ func TestPinnedAndFrozen(t *testing.T) {
 	cfg := unitConfig("a", "b", "c")
 	pinned := Budget{Key: "pin", Limit: gcra.PerSecond(1000, 100), Pinned: map[string]uint32{"a": 700_000, "b": 100_000}}
 	frozen := Budget{Key: "frz", Limit: gcra.PerSecond(1000, 100), Frozen: true}
-	c := mustCoordinator(t, cfg, budget("k"), pinned, frozen)
-	if err := c.StartTerm(1, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	take(c)
+	c := started(t, cfg, budget("k"), pinned, frozen)
 	wantPin := []uint32{700_000, 100_000, c.safe[2]}
 	wantFrz := slices.Clone(c.safe) // a new key starts at its floors
 	for i := int64(0); i < 12; i++ {
@@ -612,11 +599,7 @@ func TestBreakBeforeMake(t *testing.T) {
 func TestFenceHoldsForLaterTables(t *testing.T) {
 	cfg := unitConfig("a", "b")
 	cfg.Fence = 1500 * time.Millisecond
-	c := mustCoordinator(t, cfg, budget("k"))
-	if err := c.StartTerm(1, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	take(c)
+	c := started(t, cfg, budget("k"))
 	observe(t, c, "a", "a1", 0, sec, map[string]int64{"k": 900})
 	observe(t, c, "b", "b1", 0, sec, map[string]int64{"k": 100})
 	c.Tick(sec)
@@ -666,11 +649,7 @@ func TestStartTermKeepsStoredEffective(t *testing.T) {
 // increase out before the decrease is in force.
 func TestSetBudgetsKeepsTransition(t *testing.T) {
 	cfg := unitConfig("a", "b")
-	c := mustCoordinator(t, cfg, budget("k"))
-	if err := c.StartTerm(1, nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	take(c)
+	c := started(t, cfg, budget("k"))
 	observe(t, c, "a", "a1", 0, sec, map[string]int64{"k": 900})
 	observe(t, c, "b", "b1", 0, sec, map[string]int64{"k": 100})
 	c.Tick(sec)
