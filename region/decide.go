@@ -1,0 +1,448 @@
+package region
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/meridian-quota/meridian/gcra"
+)
+
+// Match is one limit a request touches.
+type Match struct {
+	// Descriptor is the index of the first request descriptor that formed
+	// this key (two descriptors naming the same key are one check with the
+	// costs summed).
+	Descriptor int
+	Rule       *Rule
+	Key        gcra.Key
+	Schedule   gcra.Schedule
+	Cost       int64
+	// Result is this limit's outcome once decided.
+	Result gcra.Result
+
+	entry   *entry
+	decided bool
+}
+
+// Decision is the workspace and outcome of one request. Reuse one per
+// goroutine (or from a sync.Pool) and the hot path allocates nothing; it is
+// not safe for concurrent use.
+type Decision struct {
+	// Matches lists the limits the request touches, enforced ones first,
+	// then shadow ones; nil when nothing matched.
+	Matches []Match
+	// Allowed is the answer to give: the enforced limits all admitted (or a
+	// fallback admitted), or no limit matched.
+	Allowed bool
+	// Result combines the enforced limits' results (gcra.Combine); the zero
+	// Result with Allowed when nothing is enforced.
+	Result gcra.Result
+	// Fallback is set when the store failed and the failure modes decided;
+	// FallbackMode is the one that did (closed wins over local, local over
+	// open).
+	Fallback     bool
+	FallbackMode FailureMode
+	// ShadowDenied is set when a shadow-mode limit would have denied.
+	ShadowDenied bool
+
+	enforced int // Matches[:enforced] are enforced, the rest shadow
+	buf      []byte
+	checks   []gcra.Check
+	results  []gcra.Result
+	states   []gcra.State
+	next     []gcra.State
+}
+
+// Reset clears d for reuse, keeping its buffers.
+func (d *Decision) Reset() {
+	clear(d.Matches)
+	d.Matches = d.Matches[:0]
+	d.Allowed, d.Result, d.Fallback, d.FallbackMode, d.ShadowDenied = false, gcra.Result{}, false, 0, false
+	d.enforced = 0
+}
+
+// Enforced returns the enforced matches; Shadow the shadow-mode ones.
+func (d *Decision) Enforced() []Match { return d.Matches[:d.enforced] }
+
+// Shadow returns the shadow-mode matches.
+func (d *Decision) Shadow() []Match { return d.Matches[d.enforced:] }
+
+func badRequest(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadRequest, fmt.Sprintf(format, args...))
+}
+
+// Resolve fills d with the limits req touches under the policy and table in
+// force, each with its key and the schedule (regional limit now, previous
+// limit, change time) the store applies. A request error (ErrBadRequest)
+// consumes nothing. Unknown domains and descriptors that match no limit (or
+// an unlimited one) are not errors: they touch no limit, as in Envoy's
+// reference server.
+func (n *Node) Resolve(req *Request, d *Decision) error {
+	d.Reset()
+	s := n.snap.Load()
+	switch {
+	case req.Domain == "":
+		return badRequest("empty domain")
+	case len(req.Domain) > MaxDomainLen:
+		return badRequest("domain of %d bytes, above the maximum %d", len(req.Domain), MaxDomainLen)
+	case len(req.Descriptors) == 0:
+		return badRequest("no descriptors")
+	case len(req.Descriptors) > MaxDescriptors:
+		return badRequest("%d descriptors, above the maximum %d", len(req.Descriptors), MaxDescriptors)
+	case req.Cost < 0 || req.Cost > MaxCost:
+		return badRequest("cost %d outside [0, %d]", req.Cost, int64(MaxCost))
+	}
+	for i := range req.Descriptors {
+		if err := checkDescriptor(i, &req.Descriptors[i]); err != nil {
+			return err
+		}
+	}
+	dom := s.policy.domains[req.Domain]
+	if dom == nil {
+		d.Allowed = true
+		return nil
+	}
+	tag, tagSet := "", false
+	for i := range req.Descriptors {
+		desc := &req.Descriptors[i]
+		rule := dom.match(desc.Entries)
+		if rule == nil || rule.Unlimited {
+			continue
+		}
+		cost := req.Cost
+		if desc.HasCost {
+			cost = desc.Cost
+		}
+		t := ""
+		if dom.hashTag != "" {
+			for _, e := range desc.Entries {
+				if e.Key == dom.hashTag {
+					t = e.Value
+					break
+				}
+			}
+			if tagSet && t != tag {
+				return badRequest("descriptors[%d]: hash tag %q=%q differs from %q in an earlier descriptor: one request's limits must share a slot",
+					i, dom.hashTag, t, tag)
+			}
+			tag, tagSet = t, true
+		}
+		d.buf = appendKeyName(d.buf[:0], req.Domain, desc.Entries)
+		if len(d.buf)+len(t) > gcra.MaxKeyLen {
+			return badRequest("descriptors[%d]: key of %d bytes, above the maximum %d", i, len(d.buf)+len(t), gcra.MaxKeyLen)
+		}
+		if merged := d.merge(rule, cost); merged {
+			continue
+		}
+		if len(d.Matches) == gcra.MaxChecks {
+			return badRequest("more than %d limits in one request", gcra.MaxChecks)
+		}
+		m := Match{Descriptor: i, Rule: rule, Cost: cost}
+		m.entry = n.keys.get(d.buf, t, dom.hashTag != "", rule.Scope == Global)
+		if m.entry != nil {
+			m.Key = m.entry.key
+		} else {
+			n.overflow.Add(1)
+			m.Key = gcra.Key{Name: string(d.buf)}
+			if dom.hashTag != "" {
+				m.Key.Tag = t
+			}
+		}
+		m.Schedule = n.schedule(s, rule, d.buf)
+		d.Matches = append(d.Matches, m)
+	}
+	d.applyReplaces()
+	d.partition()
+	if d.enforced == 0 {
+		d.Allowed = true
+	}
+	return nil
+}
+
+func checkDescriptor(i int, desc *Descriptor) error {
+	switch {
+	case len(desc.Entries) == 0:
+		return badRequest("descriptors[%d]: no entries", i)
+	case len(desc.Entries) > MaxEntries:
+		return badRequest("descriptors[%d]: %d entries, above the maximum %d", i, len(desc.Entries), MaxEntries)
+	case desc.HasCost && (desc.Cost < 0 || desc.Cost > MaxCost):
+		return badRequest("descriptors[%d]: cost %d outside [0, %d]", i, desc.Cost, int64(MaxCost))
+	}
+	for j, e := range desc.Entries {
+		switch {
+		case e.Key == "":
+			return badRequest("descriptors[%d].entries[%d]: empty key", i, j)
+		case len(e.Key) > MaxEntryKeyLen:
+			return badRequest("descriptors[%d].entries[%d]: key of %d bytes, above the maximum %d", i, j, len(e.Key), MaxEntryKeyLen)
+		case len(e.Value) > MaxValueLen:
+			return badRequest("descriptors[%d].entries[%d]: value of %d bytes, above the maximum %d", i, j, len(e.Value), MaxValueLen)
+		}
+	}
+	return nil
+}
+
+// merge adds cost to an earlier match of the same key (d.buf), reporting
+// whether there was one.
+func (d *Decision) merge(rule *Rule, cost int64) bool {
+	for j := range d.Matches {
+		if d.Matches[j].Key.Name == string(d.buf) {
+			d.Matches[j].Cost = min(d.Matches[j].Cost+cost, MaxCost+MaxCost)
+			return true
+		}
+	}
+	return false
+}
+
+// applyReplaces drops every match whose rule another match replaces
+// (rate_limit.replaces, as in envoyproxy/ratelimit).
+func (d *Decision) applyReplaces() {
+	some := false
+	for i := range d.Matches {
+		if len(d.Matches[i].Rule.Replaces) > 0 {
+			some = true
+			break
+		}
+	}
+	if !some {
+		return
+	}
+	keep := d.Matches[:0]
+	for i := range d.Matches {
+		if !d.replaced(d.Matches[i].Rule) {
+			keep = append(keep, d.Matches[i])
+		}
+	}
+	clear(d.Matches[len(keep):])
+	d.Matches = keep
+}
+
+func (d *Decision) replaced(r *Rule) bool {
+	if r.Name == "" {
+		return false
+	}
+	for i := range d.Matches {
+		for _, name := range d.Matches[i].Rule.Replaces {
+			if name == r.Name && d.Matches[i].Rule != r {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// partition moves shadow matches behind enforced ones, keeping order.
+func (d *Decision) partition() {
+	ms := d.Matches
+	e := 0
+	for i := range ms {
+		if !ms[i].Rule.Shadow {
+			m := ms[i]
+			copy(ms[e+1:i+1], ms[e:i])
+			ms[e] = m
+			e++
+		}
+	}
+	d.enforced = e
+}
+
+// schedule is the schedule a key runs on under snapshot s.
+func (n *Node) schedule(s *snapshot, rule *Rule, name []byte) gcra.Schedule {
+	if rule.Scope == Regional {
+		return gcra.Steady(rule.Limit)
+	}
+	safe := SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions))
+	r := s.rows[string(name)]
+	if r == nil {
+		return gcra.Schedule{Current: gcra.Version{Limit: safe, Epoch: coldEpoch}}
+	}
+	if r.budget != rule.Limit {
+		// The table was computed for another limit (a policy rollout in
+		// progress): run at the safe share until they agree.
+		n.reduced.Add(1)
+		sch := r.reduced
+		sch.Current.Limit = minLimit(sch.Current.Limit, safe)
+		return sch
+	}
+	return r.sched
+}
+
+// Decide resolves req, decides it in the store (enforced limits as one
+// all-or-nothing check, then shadow-mode limits), applies the failure modes
+// if the store fails, and records the outcome. now (µs on the shell's
+// clock, in [0, 2^52)) is used only by the local failure mode. The error is
+// a request error (nothing consumed); store failures are decided by the
+// limits' failure modes and reported in d.
+func (n *Node) Decide(ctx context.Context, now int64, req *Request, d *Decision) error {
+	if err := n.Resolve(req, d); err != nil {
+		return err
+	}
+	n.Execute(ctx, now, d)
+	n.Record(d)
+	return nil
+}
+
+// Execute decides a resolved request in the store; see Decide.
+func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
+	n.decisions.Add(1)
+	if ms := d.Enforced(); len(ms) > 0 {
+		r, err := n.run(ctx, d, ms)
+		if err != nil {
+			n.storeErrors.Add(1)
+			n.fallback(now, d)
+		} else {
+			d.Result, d.Allowed = r, r.Allowed
+		}
+	}
+	if ms := d.Shadow(); len(ms) > 0 {
+		r, err := n.run(ctx, d, ms)
+		if err != nil {
+			n.storeErrors.Add(1) // shadow limits are not decided then
+		} else if !r.Allowed {
+			d.ShadowDenied = true
+			n.shadowDenied.Add(1)
+		}
+	}
+}
+
+// run decides ms all or nothing in the store, filling each match's Result.
+func (n *Node) run(ctx context.Context, d *Decision, ms []Match) (gcra.Result, error) {
+	d.checks = d.checks[:0]
+	peek := true
+	for i := range ms {
+		d.checks = append(d.checks, gcra.Check{Key: ms[i].Key, Schedule: ms[i].Schedule, Cost: ms[i].Cost})
+		peek = peek && ms[i].Cost == 0
+	}
+	if peek {
+		n.peeks.Add(1)
+	}
+	d.results = grow(d.results, len(ms))
+	r, err := n.store.DecideAll(ctx, d.checks, d.results)
+	if err != nil {
+		return r, err
+	}
+	for i := range ms {
+		ms[i].Result, ms[i].decided = d.results[i], true
+	}
+	return r, nil
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// fallback decides the enforced matches by their failure modes after a
+// store error: any closed limit denies the request; otherwise the local
+// limits decide together (all or nothing) in memory at the region's limit
+// divided by max(configured, live) agents, and open limits admit.
+func (n *Node) fallback(now int64, d *Decision) {
+	ms := d.Enforced()
+	d.Fallback = true
+	mode := FailOpen
+	for i := range ms {
+		switch ms[i].Rule.FailureMode {
+		case FailClosed:
+			mode = FailClosed
+		case FailLocal:
+			if mode != FailClosed {
+				mode = FailLocal
+			}
+		}
+	}
+	d.FallbackMode = mode
+	switch mode {
+	case FailClosed:
+		n.fbClosed.Add(1)
+		d.Allowed = false
+		d.Result = gcra.Result{}
+		for i := range ms {
+			ms[i].Result = gcra.Result{Limit: ms[i].Schedule.Current.Limit}
+		}
+		return
+	case FailOpen:
+		n.fbOpen.Add(1)
+		d.Allowed = true
+		d.Result = gcra.Result{Allowed: true}
+		for i := range ms {
+			ms[i].Result = gcra.Result{Allowed: true, Limit: ms[i].Schedule.Current.Limit}
+		}
+		return
+	}
+	n.fbLocal.Add(1)
+	agents := max(int64(n.cfg.Agents), n.live.Load())
+	n.localMu.Lock()
+	defer n.localMu.Unlock()
+	d.checks = d.checks[:0]
+	d.states = d.states[:0]
+	for i := range ms {
+		if ms[i].Rule.FailureMode != FailLocal {
+			continue
+		}
+		l := localLimit(inForceAt(&ms[i].Schedule, now).Limit, agents)
+		var st gcra.State
+		if e := ms[i].entry; e != nil {
+			st = e.local
+		} // an untracked key starts full each time: bounded by MaxKeys overflow
+		d.checks = append(d.checks, gcra.Check{Key: ms[i].Key, Schedule: gcra.Steady(l), Cost: ms[i].Cost})
+		d.states = append(d.states, st)
+	}
+	d.next = grow(d.next, len(d.checks))
+	d.results = grow(d.results, len(d.checks))
+	r, write, err := gcra.DecideAll(now, d.checks, d.states, d.next, d.results)
+	if err != nil {
+		// now outside the store's range: nothing sensible to do but deny.
+		d.Allowed, d.Result = false, gcra.Result{}
+		return
+	}
+	j := 0
+	for i := range ms {
+		if ms[i].Rule.FailureMode != FailLocal {
+			ms[i].Result = gcra.Result{Allowed: r.Allowed, Limit: ms[i].Schedule.Current.Limit}
+			continue
+		}
+		ms[i].Result = d.results[j]
+		if write && ms[i].entry != nil {
+			ms[i].entry.local = d.next[j]
+		}
+		j++
+	}
+	d.Allowed, d.Result = r.Allowed, r
+}
+
+// localLimit is a region limit divided among agents: each agent runs
+// T·agents with burst/agents (at least 1), so together they never exceed
+// the region's rate.
+func localLimit(l gcra.Limit, agents int64) gcra.Limit {
+	if l.IsZero() || agents < 1 {
+		return gcra.Limit{}
+	}
+	t := l.IntervalMicros() * agents
+	b := max(1, l.Burst()/agents)
+	if t > gcra.MaxWindowMicros || b > gcra.MaxWindowMicros/t {
+		return gcra.Limit{}
+	}
+	return gcra.FromInterval(t, b)
+}
+
+// Record adds d's outcome to the demand counters: per key, one offered
+// request of its cost, admitted or denied. Enforced keys count the
+// request's answer; shadow keys what they decided. Peeks (cost 0) and
+// undecided shadow keys are not demand.
+func (n *Node) Record(d *Decision) {
+	for i := range d.Matches {
+		m := &d.Matches[i]
+		if m.Cost == 0 || m.entry == nil {
+			continue
+		}
+		admitted := d.Allowed
+		if i >= d.enforced {
+			if !m.decided {
+				continue
+			}
+			admitted = m.Result.Allowed
+		}
+		n.keys.record(m.entry, m.Cost, admitted)
+	}
+}

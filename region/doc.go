@@ -1,0 +1,96 @@
+// Package region is a region's decision core: the policy model, key
+// resolution, regional limits, demand accounting, table application, and
+// the failure and shadow decisions. It reads no clock and does I/O only
+// through the Store it is given, so the simulator (virtual clock, memstore)
+// and the agent (Redis) run exactly the same decisions.
+//
+// # Policy
+//
+// ParsePolicy reads a YAML policy in the shape of envoyproxy/ratelimit's
+// configuration, under a top-level domains list:
+//
+//	domains:
+//	  - domain: api
+//	    hash_tag: tenant          # the descriptor whose value forms the Redis Cluster hash tag
+//	    failure_mode: local       # default for the domain's limits: open | closed | local
+//	    descriptors:
+//	      - key: tenant
+//	        rate_limit: {unit: second, requests_per_unit: 1000, burst: 200}
+//	        descriptors:
+//	          - key: route
+//	            value: /search    # exact; "/api/*" is a prefix wildcard; no value matches any
+//	            rate_limit: {unit: minute, requests_per_unit: 600, failure_mode: closed}
+//	      - key: tenant
+//	        value: internal
+//	        rate_limit: {unlimited: true}
+//
+// rate_limit takes Envoy's unit (second, minute, hour, day),
+// requests_per_unit, unlimited, name and replaces, plus burst (default:
+// requests_per_unit, what Envoy's fixed window admits at once; see
+// DefaultBurst), period (a duration, instead of unit), failure_mode, scope
+// (global, the default, shares one budget across regions; regional
+// enforces the full limit in each region and is never shared) and strategy
+// (a rebalance strategy for the limit's keys). A descriptor may set
+// shadow_mode. Unknown fields are errors; every problem is reported with
+// its path. Matching follows Envoy's reference server: at each depth the
+// exact value, then a wildcard, then the bare key; a limit applies when
+// found at the request descriptor's last entry. A request's descriptors
+// that match limits form one composite, all-or-nothing decision (a broad
+// limit is never charged when a narrow one denies); replaces drops the
+// named limits when both match. The Policy's Version is a content hash.
+//
+// Each matched descriptor is a key named KeyName(domain, entries)
+// ("api/tenant=acme/route=%2Fsearch"); in Redis the domain's hash_tag value
+// is its Cluster hash tag, so a tenant's limits share a slot. Every limit of
+// a domain with a hash_tag must have that descriptor on its path (a load
+// error otherwise), and descriptors of one request naming different tag
+// values are a request error.
+//
+// # Node life cycle
+//
+// NewNode(cfg, policy, store) starts with no table: every global key runs
+// at the safe share. Then, from many goroutines:
+//
+//	var d region.Decision                    // reuse one per goroutine: no allocation per request
+//	err := node.Decide(ctx, nowMicros, req, &d) // Resolve → store.DecideAll → failure/shadow → Record
+//	// err is a request error (nothing consumed); d.Allowed, d.Result, d.Matches[i].Result answer
+//
+// and from one goroutine (the shell's loop, or the simulator's):
+//
+//	if rep := node.Tick(nowMicros); rep != nil { send(rep) } // every Δ: the demand report
+//	err := node.Apply(table, nowMicros)                       // each share table from the coordinator
+//
+// # Shares, epochs and leases
+//
+// A global key runs at its region's share of the key's budget
+// (rebalance.KeyShares.Limits) from the table's effective time on the
+// store's clock; the store keeps tokens across the change. Store epochs are
+// derived from the key's version in the table, the same in every agent of a
+// region: 4v+4 for version v, +1 when the region runs it reduced, +2
+// restored, +3 reduced again; 1 for a key no table names. When the
+// region's lease (Issued + Leases[r]) passes without a newer table, Tick
+// reduces every key to min(last share, safe share); a key missing from the
+// table runs at the safe share; a key whose budget in the table differs from
+// the policy (a rollout in progress) runs at min(table share, safe share).
+//
+// # Failure and shadow
+//
+// When the store fails, the enforced limits' failure modes decide: any
+// closed limit denies the request; otherwise the local limits decide
+// together in memory at the region's limit divided by max(Config.Agents,
+// live agents), and open limits admit. Shadow-mode limits are decided in a
+// second store call after the enforced ones; a denial is counted
+// (Stats.ShadowDenied) and never changes the answer.
+//
+// # Bounds
+//
+// A request has a non-empty domain of at most MaxDomainLen bytes, 1 to
+// MaxDescriptors descriptors of 1 to MaxEntries entries each (keys 1 to
+// MaxEntryKeyLen bytes, values at most MaxValueLen), a cost in [0, MaxCost]
+// and at most gcra.MaxChecks matched limits; a key name may not exceed
+// gcra.MaxKeyLen bytes. Anything else is ErrBadRequest and consumes
+// nothing. Cost 0 peeks (nothing consumed, not demand); a cost above the
+// burst is Result.TooLarge. Demand is tracked for at most Config.MaxKeys
+// keys; beyond them keys are decided, not reported, and counted
+// (Stats.Overflow).
+package region

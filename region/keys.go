@@ -1,0 +1,150 @@
+package region
+
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+
+	"github.com/meridian-quota/meridian/gcra"
+)
+
+// entry is one interned key: its store key and its demand counters for the
+// open report interval. Counters are added to under the shard's read lock
+// and swapped out under its write lock (Tick), so no count is lost or
+// counted twice, and recorders never serialize on each other.
+type entry struct {
+	name   string
+	key    gcra.Key
+	global bool // reported to the coordinator (scope global)
+
+	offered, offeredCost, admitted, denied atomic.Int64
+
+	// Owned by the Tick goroutine, under the shard's write lock.
+	idle int
+	dead bool // evicted: recorders re-intern
+
+	local gcra.State // local failure-mode state, guarded by Node.localMu
+}
+
+const shardCount = 64
+
+type shard struct {
+	mu sync.RWMutex
+	m  map[string]*entry
+	_  [40]byte // keep shards on separate cache lines
+}
+
+// interner maps canonical key names to entries, without allocating on a
+// hit, up to a cap.
+type interner struct {
+	seed   maphash.Seed
+	shards [shardCount]shard
+	n      atomic.Int64
+	max    int64
+}
+
+func (in *interner) init(max int) {
+	in.seed = maphash.MakeSeed()
+	in.max = int64(max)
+	for i := range in.shards {
+		in.shards[i].m = map[string]*entry{}
+	}
+}
+
+func (in *interner) shardOf(name []byte) *shard {
+	return &in.shards[maphash.Bytes(in.seed, name)%shardCount]
+}
+
+// shardOfString is shardOf for a string (maphash.String equals
+// maphash.Bytes of the same bytes).
+func (in *interner) shardOfString(name string) *shard {
+	return &in.shards[maphash.String(in.seed, name)%shardCount]
+}
+
+// get returns the entry for name, creating it (with tag) unless the table
+// is full; nil means full.
+func (in *interner) get(name []byte, tag string, tagged, global bool) *entry {
+	sh := in.shardOf(name)
+	sh.mu.RLock()
+	e := sh.m[string(name)]
+	sh.mu.RUnlock()
+	if e != nil {
+		return e
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[string(name)]; e != nil {
+		return e
+	}
+	if in.n.Load() >= in.max {
+		return nil
+	}
+	s := string(name)
+	e = &entry{name: s, key: gcra.Key{Name: s}, global: global}
+	if tagged {
+		e.key.Tag = tag
+	}
+	sh.m[s] = e
+	in.n.Add(1)
+	return e
+}
+
+// record adds one outcome to e's counters, following e to its replacement
+// if Tick evicted it meanwhile.
+func (in *interner) record(e *entry, cost int64, admitted bool) {
+	for {
+		sh := in.shardOfString(e.name)
+		sh.mu.RLock()
+		if !e.dead {
+			e.offered.Add(1)
+			e.offeredCost.Add(cost)
+			if admitted {
+				e.admitted.Add(cost)
+			} else {
+				e.denied.Add(cost)
+			}
+			sh.mu.RUnlock()
+			return
+		}
+		sh.mu.RUnlock()
+		ne := in.get([]byte(e.name), e.key.Tag, e.key.Tag != "", e.global)
+		if ne == nil {
+			return // the table filled meanwhile: counted by the caller as overflow
+		}
+		e = ne
+	}
+}
+
+// appendEscaped appends s with '%', '/', '=' and control bytes written as
+// %XX, so that names joined with '/' and '=' stay injective.
+func appendEscaped(b []byte, s string) []byte {
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '%' || c == '/' || c == '=' || c < 0x20 || c == 0x7f {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+			continue
+		}
+		b = append(b, c)
+	}
+	return b
+}
+
+// KeyName is the canonical name of the key a descriptor's entries form in a
+// domain: "domain/k1=v1/k2=v2" with '%', '/', '=' and control bytes
+// percent-escaped, so distinct descriptors never share a name. Reports,
+// tables and the store use it.
+func KeyName(domain string, entries []Entry) string {
+	return string(appendKeyName(nil, domain, entries))
+}
+
+func appendKeyName(b []byte, domain string, entries []Entry) []byte {
+	b = appendEscaped(b, domain)
+	for _, e := range entries {
+		b = append(b, '/')
+		b = appendEscaped(b, e.Key)
+		b = append(b, '=')
+		b = appendEscaped(b, e.Value)
+	}
+	return b
+}

@@ -1,0 +1,270 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/rebalance"
+)
+
+// Store is what a Node needs of a GCRA store: one all-or-nothing decision
+// over the keys a request touches. gcra/memstore and gcra/redisstore
+// satisfy it.
+type Store interface {
+	DecideAll(ctx context.Context, checks []gcra.Check, out []gcra.Result) (gcra.Result, error)
+}
+
+// Entry is one key/value pair of a request descriptor.
+type Entry struct {
+	Key, Value string
+}
+
+// Descriptor is one descriptor of a request: ordered entries, and its own
+// cost when HasCost (Envoy's per-descriptor hits_addend); otherwise the
+// request's cost applies.
+type Descriptor struct {
+	Entries []Entry
+	Cost    int64
+	HasCost bool
+}
+
+// Request is one decision to make: a domain, its descriptors and the cost
+// of each descriptor that does not carry its own. Cost 0 peeks: it is
+// decided without consuming anything and recorded as a peek, not as demand.
+type Request struct {
+	Domain      string
+	Descriptors []Descriptor
+	Cost        int64
+}
+
+// Config configures a Node. DefaultConfig documents each default.
+type Config struct {
+	// Region is this node's region; Agent names this agent within it.
+	Region, Agent string
+	// Regions names every region (for the default safe share).
+	Regions []string
+	// Interval is Δ, the report interval; reports cover [i·Δ, (i+1)·Δ).
+	Interval time.Duration
+	// SafeShare is this region's floor in ppm; 0 means SafeFraction split
+	// equally over Regions. It must match the coordinator's.
+	SafeShare uint32
+	// SafeFraction is the part of every budget set aside as floors when
+	// SafeShare is 0.
+	SafeFraction float64
+	// Agents is the number of agents configured in this region: the local
+	// failure mode divides the region's limit by max(Agents, live agents).
+	Agents int
+	// MaxKeys caps the keys tracked for demand and local fallback; a key
+	// beyond it is still decided, and counted as overflow.
+	MaxKeys int
+}
+
+// DefaultConfig returns a Config for one agent of region among regions.
+func DefaultConfig(region, agent string, regions ...string) Config {
+	return Config{
+		Region:       region,
+		Agent:        agent,
+		Regions:      regions,
+		Interval:     5 * time.Second, // the coordinator's default Δ
+		SafeFraction: 0.1,             // ARCHITECTURE.md: 10 % of the budget split equally
+		Agents:       1,               // one agent per region unless told
+		MaxKeys:      1 << 20,         // ~200 B each: about 200 MiB at the cap
+	}
+}
+
+// Validate reports every problem with c.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Region == "" {
+		errs = append(errs, errors.New("region: Region: empty"))
+	}
+	if c.Agent == "" {
+		errs = append(errs, errors.New("region: Agent: empty"))
+	}
+	if !slices.Contains(c.Regions, c.Region) {
+		errs = append(errs, fmt.Errorf("region: Regions %q: does not list Region %q", c.Regions, c.Region))
+	}
+	if c.Interval < time.Millisecond {
+		errs = append(errs, fmt.Errorf("region: Interval %s: must be at least 1ms", c.Interval))
+	}
+	if c.SafeShare > rebalance.PPM {
+		errs = append(errs, fmt.Errorf("region: SafeShare %d: above %d ppm", c.SafeShare, rebalance.PPM))
+	}
+	if c.SafeShare == 0 && !(c.SafeFraction > 0 && c.SafeFraction <= 1) {
+		errs = append(errs, fmt.Errorf("region: SafeFraction %v: must be in (0, 1] when SafeShare is 0", c.SafeFraction))
+	}
+	if c.Agents < 1 {
+		errs = append(errs, fmt.Errorf("region: Agents %d: must be at least 1", c.Agents))
+	}
+	if c.MaxKeys < 1 {
+		errs = append(errs, fmt.Errorf("region: MaxKeys %d: must be at least 1", c.MaxKeys))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) safePPM() uint32 {
+	if c.SafeShare > 0 {
+		return c.SafeShare
+	}
+	return uint32(math.Floor(c.SafeFraction * rebalance.PPM / float64(len(c.Regions))))
+}
+
+// Errors for bad requests and tables. A bad request consumes nothing.
+var (
+	ErrBadRequest = errors.New("region: bad request")
+	ErrStaleTable = errors.New("region: table older than the one in force")
+	ErrBadTable   = errors.New("region: bad table")
+)
+
+// Stats are a Node's counters since it started. All are cumulative.
+type Stats struct {
+	Decisions      int64 // requests decided (Decide calls without a request error)
+	Peeks          int64 // cost-0 checks (not demand)
+	StoreErrors    int64 // store calls that failed
+	FallbackOpen   int64 // requests admitted by failure_mode open
+	FallbackClosed int64 // requests denied by failure_mode closed
+	FallbackLocal  int64 // requests decided by failure_mode local
+	ShadowDenied   int64 // requests a shadow-mode limit would have denied
+	Overflow       int64 // checks on keys beyond MaxKeys (decided, not reported)
+	Reduced        int64 // checks run at the safe share for a policy mismatch
+	Regressions    int64 // table rows whose key version went backwards (kept)
+}
+
+// Node is a region's decision core. Resolve, Decide and Record are safe for
+// many goroutines and allocate nothing per request once warm; Apply, Tick,
+// SetPolicy and SetLiveAgents run on one goroutine (the shell's loop).
+type Node struct {
+	cfg   Config
+	store Store
+	safe  uint32
+	snap  atomic.Pointer[snapshot]
+	keys  interner
+
+	localMu sync.Mutex
+	live    atomic.Int64
+
+	decisions, peeks, storeErrors, fbOpen, fbClosed, fbLocal,
+	shadowDenied, overflow, reduced atomic.Int64
+
+	// Owned by the Tick/Apply goroutine.
+	open        int64 // index of the open report interval
+	started     bool
+	leaseExpiry int64
+	regressions int64
+}
+
+// snapshot is what the hot path reads: immutable once published.
+type snapshot struct {
+	policy   *Policy
+	hasTable bool
+	term     uint64
+	epoch    uint64
+	lapsed   bool
+	rows     map[string]*row
+}
+
+// row is one key of the table in force, as this region runs it.
+type row struct {
+	version uint64
+	sub     uint64 // epoch slot within the version: even runs the table, odd runs reduced
+	budget  gcra.Limit
+	sched   gcra.Schedule
+	reduced gcra.Schedule // what the key runs on when its policy disagrees
+}
+
+// NewNode returns a Node deciding with store under policy, with no table:
+// every global key runs at the safe share until the first Apply.
+func NewNode(cfg Config, policy *Policy, store Store) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if policy == nil || store == nil {
+		return nil, errors.New("region: NewNode needs a policy and a store")
+	}
+	n := &Node{cfg: cfg, store: store, safe: cfg.safePPM()}
+	n.keys.init(cfg.MaxKeys)
+	n.snap.Store(&snapshot{policy: policy, rows: map[string]*row{}})
+	return n, nil
+}
+
+// Policy returns the policy in force.
+func (n *Node) Policy() *Policy { return n.snap.Load().policy }
+
+// SetPolicy swaps the policy atomically; requests already resolved finish
+// under the old one. Keys whose limit the table does not carry run at the
+// safe share until the coordinator's table agrees.
+func (n *Node) SetPolicy(p *Policy) {
+	s := *n.snap.Load()
+	s.policy = p
+	n.snap.Store(&s)
+}
+
+// SetLiveAgents tells the node how many agents of its region membership
+// sees alive (the local failure mode divides by max(Agents, live)).
+func (n *Node) SetLiveAgents(live int) { n.live.Store(int64(live)) }
+
+// Stats returns the node's counters.
+func (n *Node) Stats() Stats {
+	return Stats{
+		Decisions: n.decisions.Load(), Peeks: n.peeks.Load(), StoreErrors: n.storeErrors.Load(),
+		FallbackOpen: n.fbOpen.Load(), FallbackClosed: n.fbClosed.Load(), FallbackLocal: n.fbLocal.Load(),
+		ShadowDenied: n.shadowDenied.Load(), Overflow: n.overflow.Load(), Reduced: n.reduced.Load(),
+		Regressions: n.regressions,
+	}
+}
+
+// SafeLimit is the limit a region with safe share ppm runs a global limit
+// at: T_r from the share (rebalance.RegionalLimit) and the burst's
+// proportional part rounded down, at least 1 when the burst has one unit
+// for every region (so the floors together stay within the burst).
+func SafeLimit(global gcra.Limit, ppm uint32, regions int) gcra.Limit {
+	b := global.Burst() * int64(ppm) / rebalance.PPM
+	if b == 0 && global.Burst() >= int64(regions) {
+		b = 1
+	}
+	return rebalance.RegionalLimit(global, ppm, b)
+}
+
+// minLimit is the stricter of a and b in both rate and burst.
+func minLimit(a, b gcra.Limit) gcra.Limit {
+	if a.IsZero() || b.IsZero() {
+		return gcra.Limit{}
+	}
+	t := max(a.IntervalMicros(), b.IntervalMicros())
+	burst := min(a.Burst(), b.Burst())
+	if a.IntervalMicros() == t && a.Burst() == burst {
+		return a
+	}
+	if b.IntervalMicros() == t && b.Burst() == burst {
+		return b
+	}
+	return gcra.FromInterval(t, burst)
+}
+
+// Store epochs. A key's state carries the low 16 bits of the epoch it was
+// written under, and every agent of a region must use the same epoch for
+// the same limit, so epochs are a function of what every agent knows: the
+// key's version in the table (rebalance.KeyShares.Version) and how many
+// times the region reduced it to the safe share and restored it within that
+// version. Epoch 1 is the steady safe share of a key no table names (and a
+// cold start); epochs 4v+4…4v+7 belong to version v: +0 the table's limit,
+// +1 reduced, +2 restored, +3 reduced again (a key reduced twice within one
+// version stays reduced until its version moves).
+const coldEpoch = 1
+
+func epochOf(version, sub uint64) uint64 { return 4*version + 4 + sub }
+
+// inForceAt is the version of s in force at t.
+func inForceAt(s *gcra.Schedule, t int64) gcra.Version {
+	if s.HasPrevious && t < s.Current.Effective {
+		return s.Previous
+	}
+	return s.Current
+}

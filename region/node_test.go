@@ -1,0 +1,476 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+
+	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/gcra/memstore"
+	"github.com/meridian-quota/meridian/gcra/redisstore"
+	"github.com/meridian-quota/meridian/internal/testenv"
+	"github.com/meridian-quota/meridian/rebalance"
+)
+
+// testPolicy has an hourly tenant limit with a narrower route limit below
+// it, a regional limit and a shadow limit. Hourly limits make the tests
+// independent of real time: on Redis (which decides on its own clock) the
+// milliseconds a test takes refill nothing (a token takes ≥ 36 s).
+const testPolicy = `
+domains:
+  - domain: api
+    hash_tag: tenant
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: hour, requests_per_unit: 100, burst: 10, name: tenant}
+        descriptors:
+          - key: route
+            value: /search
+            rate_limit: {unit: hour, requests_per_unit: 50, burst: 4, failure_mode: closed}
+          - key: route
+            value: /open
+            rate_limit: {unit: hour, requests_per_unit: 50, burst: 4, failure_mode: open}
+          - key: route
+            value: /shadow
+            shadow_mode: true
+            rate_limit: {unit: hour, requests_per_unit: 10, burst: 2}
+          - key: region
+            rate_limit: {unit: hour, requests_per_unit: 10, burst: 3, scope: regional}
+`
+
+var regions = []string{"eu", "us"}
+
+func mustPolicy(t testing.TB, src string) *Policy {
+	t.Helper()
+	p, err := ParsePolicy([]byte(src))
+	if err != nil {
+		t.Fatalf("ParsePolicy: %v", err)
+	}
+	return p
+}
+
+// env is a store with a clock the test reads: a memstore on a fixed
+// virtual instant, or real Redis (deciding on its TIME).
+type env struct {
+	name  string
+	store Store
+	now   func() int64
+}
+
+func envs(t *testing.T) []env {
+	t.Helper()
+	var clock atomic.Int64
+	clock.Store(1_700_000_000_000_000)
+	cfg := memstore.DefaultConfig()
+	cfg.Clock = clock.Load
+	ms, err := memstore.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := []env{{name: "memstore", store: ms, now: clock.Load}}
+	if testing.Short() {
+		return out
+	}
+	c := testenv.Redis(t)
+	prefix := testenv.Prefix(t)
+	t.Cleanup(func() { testenv.Cleanup(t, c, prefix) })
+	rcfg := redisstore.DefaultConfig()
+	rcfg.Prefix = prefix
+	rs, err := redisstore.New(c, rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	redisNow := func() int64 {
+		tm, err := c.Time(context.Background()).Result()
+		if err != nil {
+			t.Fatalf("TIME: %v", err)
+		}
+		return tm.UnixMicro()
+	}
+	return append(out, env{name: "redis", store: rs, now: redisNow})
+}
+
+// forEachStore runs f once per store, each with a fresh node.
+func forEachStore(t *testing.T, f func(t *testing.T, e env, n *Node)) {
+	for _, e := range envs(t) {
+		t.Run(e.name, func(t *testing.T) {
+			n, err := NewNode(DefaultConfig("eu", "eu-1", regions...), mustPolicy(t, testPolicy), e.store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f(t, e, n)
+		})
+	}
+}
+
+func tenant(name string, extra ...Entry) Descriptor {
+	return Descriptor{Entries: append([]Entry{{"tenant", name}}, extra...)}
+}
+
+func req(cost int64, ds ...Descriptor) *Request {
+	return &Request{Domain: "api", Descriptors: ds, Cost: cost}
+}
+
+// decideN sends the request k times at now and returns how many were
+// admitted.
+func decideN(t *testing.T, n *Node, now int64, r *Request, k int) int {
+	t.Helper()
+	var d Decision
+	admitted := 0
+	for range k {
+		if err := n.Decide(context.Background(), now, r, &d); err != nil {
+			t.Fatalf("Decide: %v", err)
+		}
+		if d.Fallback {
+			t.Fatalf("unexpected fallback")
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// table builds a table naming eu and us with the given eu share for each
+// key (us gets the rest), keys at the given version.
+func table(term, epoch uint64, issued, effective int64, version uint64, euShare uint32, keys ...string) *rebalance.Table {
+	pol := map[string]gcra.Limit{
+		KeyName("api", []Entry{{"tenant", "acme"}}):                       gcra.PerHour(100, 10),
+		KeyName("api", []Entry{{"tenant", "acme"}, {"route", "/search"}}): gcra.PerHour(50, 4),
+	}
+	t := &rebalance.Table{Term: term, Epoch: epoch, Issued: issued, Effective: effective,
+		Regions: regions, Leases: []int64{30e6, 30e6}, Agents: [][]string{{"eu-1"}, {"us-1"}}}
+	for _, k := range keys {
+		t.Keys = append(t.Keys, rebalance.KeyShares{Key: k, Budget: pol[k], Shares: []uint32{euShare, rebalance.PPM - euShare}, Version: version})
+	}
+	return t
+}
+
+// hour in µs: a first table takes effect an hour back, so its keys have
+// refilled from the safe share's burst (all a key with no state holds at a
+// change) to the table's.
+const hour = int64(3600e6)
+
+var (
+	acme       = KeyName("api", []Entry{{"tenant", "acme"}})
+	acmeSearch = KeyName("api", []Entry{{"tenant", "acme"}, {"route", "/search"}})
+)
+
+func TestNodeColdStartRunsAtSafeShare(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env, n *Node) {
+		// 5 % of burst 10 rounds to 0; with a unit per region it is 1.
+		if got := decideN(t, n, e.now(), req(1, tenant("acme")), 5); got != 1 {
+			t.Errorf("admitted %d at the safe share, want 1", got)
+		}
+	})
+}
+
+func TestNodeCompositeAllOrNothing(t *testing.T) {
+	// envoyproxy/ratelimit#1060: the broad tenant limit must not be charged
+	// when the narrow route limit denies.
+	forEachStore(t, func(t *testing.T, e env, n *Node) {
+		now := e.now()
+		if err := n.Apply(table(1, 1, now, now-hour, 1, 500_000, acme, acmeSearch), now); err != nil {
+			t.Fatal(err)
+		}
+		// eu: tenant burst 5, route burst 2.
+		both := req(1, tenant("acme"), tenant("acme", Entry{"route", "/search"}))
+		if got := decideN(t, n, e.now(), both, 6); got != 2 {
+			t.Fatalf("composite admitted %d, want 2 (the route's burst)", got)
+		}
+		if got := decideN(t, n, e.now(), req(1, tenant("acme")), 10); got != 3 {
+			t.Errorf("tenant alone admitted %d after the composite, want 3 (5 − 2: denied composites charged nothing)", got)
+		}
+	})
+}
+
+func TestNodeShareChangesKeepTokens(t *testing.T) {
+	tests := []struct {
+		name         string
+		from, to     uint32 // eu share, ppm
+		spend        int    // admitted before the change
+		wantAfter    int    // admitted after it
+		wantBurstEnd int64  // eu burst after the change
+	}{
+		// 30 % of burst 10 is 3, all spent: the increase to 70 % (burst 7)
+		// adds capacity and rate, never tokens.
+		{name: "increase/no windfall", from: 300_000, to: 700_000, spend: 3, wantAfter: 0, wantBurstEnd: 7},
+		// 70 %: 7 tokens, 2 spent, 5 left; the cut to 30 % clamps to 3.
+		{name: "decrease/no lockout", from: 700_000, to: 300_000, spend: 2, wantAfter: 3, wantBurstEnd: 3},
+		// Half spent before a small increase keeps exactly the rest.
+		{name: "increase/keeps rest", from: 500_000, to: 600_000, spend: 2, wantAfter: 3, wantBurstEnd: 6},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			forEachStore(t, func(t *testing.T, e env, n *Node) {
+				now := e.now()
+				if err := n.Apply(table(1, 1, now, now-hour, 1, tt.from, acme), now); err != nil {
+					t.Fatal(err)
+				}
+				r := req(1, tenant("acme"))
+				if got := decideN(t, n, e.now(), r, tt.spend); got != tt.spend {
+					t.Fatalf("spent %d, want %d", got, tt.spend)
+				}
+				now = e.now()
+				if err := n.Apply(table(1, 2, now, now, 2, tt.to, acme), now); err != nil {
+					t.Fatal(err)
+				}
+				var d Decision
+				if err := n.Resolve(r, &d); err != nil {
+					t.Fatal(err)
+				}
+				if b := d.Matches[0].Schedule.Current.Limit.Burst(); b != tt.wantBurstEnd {
+					t.Fatalf("burst after the change %d, want %d", b, tt.wantBurstEnd)
+				}
+				if got := decideN(t, n, e.now(), r, 10); got != tt.wantAfter {
+					t.Errorf("admitted %d after the change, want %d", got, tt.wantAfter)
+				}
+			})
+		})
+	}
+}
+
+func TestNodeLapsedLeaseRunsAtMinLastSafe(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env, n *Node) {
+		now := e.now()
+		tb := table(1, 1, now-20e6, now-hour, 1, 700_000, acme)
+		tb.Leases = []int64{10e6, 10e6} // lapsed 10 s ago
+		if err := n.Apply(tb, now-20e6); err != nil {
+			t.Fatal(err)
+		}
+		if n.Table().Lapsed {
+			t.Fatal("lapsed before its lease ended")
+		}
+		n.Tick(now - 19e6)
+		n.Tick(now)
+		if !n.Table().Lapsed {
+			t.Fatal("lease passed, table not lapsed")
+		}
+		// min(70 %, safe 5 %): the safe limit, burst 1; the key held the
+		// full burst of 7, clamped to 1.
+		if got := decideN(t, n, e.now(), req(1, tenant("acme")), 5); got != 1 {
+			t.Errorf("admitted %d after the lapse, want 1", got)
+		}
+		// A fresh table restores the share, keeping tokens (none left).
+		now = e.now()
+		if err := n.Apply(table(1, 2, now, now, 1, 700_000, acme), now); err != nil {
+			t.Fatal(err)
+		}
+		if n.Table().Lapsed {
+			t.Fatal("still lapsed after a new table")
+		}
+		if got := decideN(t, n, e.now(), req(1, tenant("acme")), 5); got != 0 {
+			t.Errorf("admitted %d right after the restore, want 0 (no windfall)", got)
+		}
+	})
+}
+
+func TestNodeRefusesOlderTables(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env, n *Node) {
+		now := e.now()
+		if err := n.Apply(table(2, 5, now, now-hour, 1, 500_000, acme), now); err != nil {
+			t.Fatal(err)
+		}
+		for _, tb := range []*rebalance.Table{
+			table(1, 9, now, now, 3, 900_000, acme), // older term
+			table(2, 4, now, now, 3, 900_000, acme), // older epoch
+			table(2, 5, now, now, 3, 900_000, acme), // the same
+		} {
+			if err := n.Apply(tb, now); !errors.Is(err, ErrStaleTable) {
+				t.Errorf("Apply(term %d epoch %d) = %v, want ErrStaleTable", tb.Term, tb.Epoch, err)
+			}
+		}
+		if st := n.Table(); st.Term != 2 || st.Epoch != 5 {
+			t.Errorf("in force term %d epoch %d, want 2/5", st.Term, st.Epoch)
+		}
+		if got := decideN(t, n, e.now(), req(1, tenant("acme")), 9); got != 5 {
+			t.Errorf("admitted %d, want 5 (the 50 %% share of term 2)", got)
+		}
+		// Malformed tables change nothing either.
+		bad := table(3, 1, now, now, 2, 500_000, acme)
+		bad.Keys[0].Shares = []uint32{1}
+		if err := n.Apply(bad, now); !errors.Is(err, ErrBadTable) {
+			t.Errorf("Apply(short shares) = %v, want ErrBadTable", err)
+		}
+		other := table(3, 1, now, now, 2, 500_000, acme)
+		other.Regions = []string{"ap", "us"}
+		if err := n.Apply(other, now); !errors.Is(err, ErrBadTable) {
+			t.Errorf("Apply(without our region) = %v, want ErrBadTable", err)
+		}
+		if st := n.Table(); st.Term != 2 {
+			t.Errorf("a bad table changed the term to %d", st.Term)
+		}
+	})
+}
+
+func TestNodeRegionalAndShadow(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env, n *Node) {
+		// Regional scope: the full limit here, whatever the table.
+		reg := req(1, tenant("acme", Entry{"region", "eu"}))
+		if got := decideN(t, n, e.now(), reg, 6); got != 3 {
+			t.Errorf("regional limit admitted %d, want its full burst 3", got)
+		}
+		// Shadow: decides (burst of the safe share: 1), counts would-deny,
+		// admits everything.
+		sh := req(1, tenant("shadowy", Entry{"route", "/shadow"}))
+		if got := decideN(t, n, e.now(), sh, 4); got != 4 {
+			t.Errorf("shadow mode admitted %d, want all 4", got)
+		}
+		if got := n.Stats().ShadowDenied; got != 3 {
+			t.Errorf("ShadowDenied = %d, want 3", got)
+		}
+	})
+}
+
+func TestNodeReportsSumToDecisions(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env, n *Node) {
+		now := e.now()
+		if err := n.Apply(table(1, 1, now, now-hour, 1, 500_000, acme, acmeSearch), now); err != nil {
+			t.Fatal(err)
+		}
+		tick := int64(1_000_000_000_000) // the node's own clock, µs
+		n.Tick(tick)
+		rng := rand.New(rand.NewPCG(1, 2))
+		type sums struct{ offered, cost, admitted, denied int64 }
+		want := map[string]*sums{}
+		var d Decision
+		for range 300 {
+			ten := fmt.Sprintf("t%d", rng.IntN(5))
+			ds := []Descriptor{tenant(ten)}
+			if rng.IntN(2) == 0 {
+				ds = append(ds, tenant(ten, Entry{"route", "/search"}))
+			}
+			cost := int64(rng.IntN(3)) // 0 peeks
+			if err := n.Decide(context.Background(), tick, req(cost, ds...), &d); err != nil {
+				t.Fatal(err)
+			}
+			if cost == 0 {
+				continue
+			}
+			for _, m := range d.Matches {
+				s := want[m.Key.Name]
+				if s == nil {
+					s = &sums{}
+					want[m.Key.Name] = s
+				}
+				s.offered++
+				s.cost += cost
+				if d.Allowed {
+					s.admitted += cost
+				} else {
+					s.denied += cost
+				}
+			}
+		}
+		rep := n.Tick(tick + n.cfg.Interval.Microseconds())
+		if rep == nil {
+			t.Fatal("no report after the interval closed")
+		}
+		if rep.Region != "eu" || rep.Agent != "eu-1" || rep.Term != 1 || rep.Epoch != 1 || rep.PolicyVersion != n.Policy().Version() {
+			t.Errorf("report header %+v", rep)
+		}
+		if rep.Interval != tick/n.cfg.Interval.Microseconds() {
+			t.Errorf("report interval %d, want %d", rep.Interval, tick/n.cfg.Interval.Microseconds())
+		}
+		if len(rep.Keys) != len(want) {
+			t.Errorf("report has %d keys, want %d", len(rep.Keys), len(want))
+		}
+		for i, k := range rep.Keys {
+			if i > 0 && rep.Keys[i-1].Key >= k.Key {
+				t.Errorf("report keys not sorted: %q before %q", rep.Keys[i-1].Key, k.Key)
+			}
+			w := want[k.Key]
+			if w == nil {
+				t.Errorf("unexpected key %q", k.Key)
+				continue
+			}
+			got := sums{k.Offered, k.OfferedCost, k.Admitted, k.Denied}
+			if got != *w {
+				t.Errorf("%s: report %+v, want %+v", k.Key, got, *w)
+			}
+		}
+		if rep := n.Tick(tick + 2*n.cfg.Interval.Microseconds()); rep == nil || len(rep.Keys) != 0 {
+			t.Errorf("second report %+v, want one with no keys", rep)
+		}
+	})
+}
+
+func TestNodeBadRequestsConsumeNothing(t *testing.T) {
+	long := string(make([]byte, MaxValueLen+1))
+	tests := []struct {
+		name string
+		give *Request
+	}{
+		{"empty domain", &Request{Descriptors: []Descriptor{tenant("a")}, Cost: 1}},
+		{"long domain", &Request{Domain: string(make([]byte, MaxDomainLen+1)), Descriptors: []Descriptor{tenant("a")}, Cost: 1}},
+		{"no descriptors", req(1)},
+		{"descriptor without entries", req(1, tenant("a"), Descriptor{})},
+		{"empty entry key", req(1, tenant("a"), Descriptor{Entries: []Entry{{"", "x"}}})},
+		{"long value", req(1, tenant("a"), tenant(long))},
+		{"long entry key", req(1, tenant("a"), Descriptor{Entries: []Entry{{string(make([]byte, MaxEntryKeyLen+1)), "x"}}})},
+		{"too many entries", req(1, tenant("a"), Descriptor{Entries: make([]Entry, MaxEntries+1)})},
+		{"negative cost", req(-1, tenant("a"))},
+		{"cost above uint32", req(MaxCost+1, tenant("a"))},
+		{"negative descriptor cost", req(1, tenant("a"), Descriptor{Entries: []Entry{{"tenant", "a"}}, Cost: -1, HasCost: true})},
+		{"hash tags differ", req(1, tenant("a"), tenant("b", Entry{"route", "/search"}))},
+		{"too many descriptors", req(1, make([]Descriptor, MaxDescriptors+1)...)},
+	}
+	forEachStore(t, func(t *testing.T, e env, n *Node) {
+		for _, tt := range tests {
+			var d Decision
+			err := n.Decide(context.Background(), e.now(), tt.give, &d)
+			if !errors.Is(err, ErrBadRequest) {
+				t.Errorf("%s: err = %v, want ErrBadRequest", tt.name, err)
+			}
+		}
+		// Nothing was consumed: tenant a (safe burst 1) still admits one.
+		if got := decideN(t, n, e.now(), req(1, tenant("a")), 2); got != 1 {
+			t.Errorf("after the bad requests tenant a admitted %d, want 1", got)
+		}
+		if s := n.Stats(); s.Decisions != 2 {
+			t.Errorf("Decisions = %d, want 2 (bad requests are not decisions)", s.Decisions)
+		}
+	})
+}
+
+func TestNodeDocumentedEdgeRequests(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env, n *Node) {
+		now := e.now()
+		if err := n.Apply(table(1, 1, now, now-hour, 1, 500_000, acme), now); err != nil {
+			t.Fatal(err)
+		}
+		var d Decision
+		// Cost 0 peeks: allowed while tokens remain, consumes nothing, not demand.
+		for range 3 {
+			if err := n.Decide(context.Background(), now, req(0, tenant("acme")), &d); err != nil || !d.Allowed {
+				t.Fatalf("peek: allowed %v err %v", d.Allowed, err)
+			}
+		}
+		if d.Matches[0].Result.Remaining != 5 {
+			t.Errorf("peek Remaining %d, want 5", d.Matches[0].Result.Remaining)
+		}
+		// Cost 2^32−1: never fits the burst; TooLarge, nothing consumed.
+		if err := n.Decide(context.Background(), now, req(MaxCost, tenant("acme")), &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed || !d.Result.TooLarge || d.Result.RetryAfter != gcra.Never {
+			t.Errorf("cost 2^32−1: %+v, want TooLarge with RetryAfter Never", d.Result)
+		}
+		// Unknown domain and unmatched descriptors: allowed, no limit.
+		for _, r := range []*Request{
+			{Domain: "nope", Descriptors: []Descriptor{tenant("acme")}, Cost: 1},
+			req(1, Descriptor{Entries: []Entry{{"user", "x"}}}),
+			req(1, tenant("acme", Entry{"route", "/unknown"})),
+		} {
+			if err := n.Decide(context.Background(), now, r, &d); err != nil || !d.Allowed || len(d.Matches) != 0 {
+				t.Errorf("%+v: allowed %v matches %d err %v, want allowed with no limit", r, d.Allowed, len(d.Matches), err)
+			}
+		}
+		if got := decideN(t, n, e.now(), req(1, tenant("acme")), 9); got != 5 {
+			t.Errorf("admitted %d after the edge requests, want 5 (nothing consumed)", got)
+		}
+	})
+}

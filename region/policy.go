@@ -1,0 +1,687 @@
+package region
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/rebalance"
+)
+
+// Input bounds. A request or policy beyond them is refused with an error.
+const (
+	MaxDomainLen   = 64  // bytes in a domain name
+	MaxEntryKeyLen = 64  // bytes in a descriptor entry's key
+	MaxValueLen    = 256 // bytes in a descriptor entry's value
+	MaxEntries     = 8   // entries in one descriptor (nesting depth)
+	MaxDescriptors = 64  // descriptors in one request
+	// MaxCost is the largest cost a request may carry: Envoy's hits_addend
+	// is a uint32.
+	MaxCost = math.MaxUint32
+)
+
+// FailureMode is what a limit decides when its store fails.
+type FailureMode uint8
+
+const (
+	// FailLocal decides with an in-memory GCRA at the region's share divided
+	// by max(configured, live) agents: over-admission bounded by two
+	// regional bursts per episode. The default: it neither lifts the limit
+	// nor drops all traffic when Redis blips.
+	FailLocal FailureMode = iota
+	// FailOpen admits (and counts it).
+	FailOpen
+	// FailClosed denies.
+	FailClosed
+)
+
+func (m FailureMode) String() string {
+	switch m {
+	case FailOpen:
+		return "open"
+	case FailClosed:
+		return "closed"
+	default:
+		return "local"
+	}
+}
+
+// Scope says whether a limit's budget is shared by the regions.
+type Scope uint8
+
+const (
+	// Global: one budget split into per-region shares by the coordinator.
+	Global Scope = iota
+	// Regional: enforced in full in each region and never shared; the
+	// coordinator never sees it.
+	Regional
+)
+
+func (s Scope) String() string {
+	if s == Regional {
+		return "regional"
+	}
+	return "global"
+}
+
+// Rule is one limit of a policy: the rate_limit block of one descriptor.
+type Rule struct {
+	// Path locates the rule in the policy file
+	// ("domains[0].descriptors[1].descriptors[0]").
+	Path string
+	// Name is rate_limit.name ("" if not set); Replaces lists the names of
+	// the rules this one replaces when both match one request.
+	Name     string
+	Replaces []string
+	Domain   string
+	// Limit is the global limit (zero when Unlimited).
+	Limit       gcra.Limit
+	Unlimited   bool
+	Shadow      bool
+	FailureMode FailureMode
+	Scope       Scope
+	// Strategy is the rebalance strategy for the rule's keys; "" means the
+	// coordinator's default.
+	Strategy string
+	id       int
+}
+
+// Policy is a loaded, validated policy: immutable and safe to share.
+type Policy struct {
+	version string
+	domains map[string]*domain
+	rules   []*Rule
+}
+
+type domain struct {
+	name    string
+	hashTag string // descriptor key whose value forms the hash tag; "" for none
+	root    *level
+}
+
+// level is one depth of a domain's descriptor tree. Lookups follow Envoy's
+// reference server: exact key and value, then the first wildcard (value
+// prefix ending in "*", in file order), then the bare key.
+type level struct {
+	exact map[string]map[string]*node // key → value → node
+	wild  []wildcard
+	bare  map[string]*node
+}
+
+type wildcard struct {
+	key, prefix string
+	n           *node
+}
+
+type node struct {
+	rule     *Rule
+	children *level
+}
+
+// Version is the policy's content hash: the same for every file that parses
+// to the same policy, whatever its formatting. Reports and tables carry it.
+func (p *Policy) Version() string { return p.version }
+
+// Rules returns the policy's rules in file order. The slice is shared; do
+// not modify it.
+func (p *Policy) Rules() []*Rule { return p.rules }
+
+// The YAML shapes. Every field is decoded by hand from yaml.Node so that
+// each error carries its path and unknown fields are refused.
+type policyFile struct {
+	Domains []domainFile `json:"domains"`
+}
+
+type domainFile struct {
+	Domain      string           `json:"domain"`
+	HashTag     string           `json:"hash_tag,omitempty"`
+	FailureMode string           `json:"failure_mode,omitempty"`
+	Descriptors []descriptorFile `json:"descriptors,omitempty"`
+}
+
+type descriptorFile struct {
+	Key         string           `json:"key"`
+	Value       string           `json:"value,omitempty"`
+	RateLimit   *rateLimitFile   `json:"rate_limit,omitempty"`
+	ShadowMode  bool             `json:"shadow_mode,omitempty"`
+	Descriptors []descriptorFile `json:"descriptors,omitempty"`
+}
+
+type rateLimitFile struct {
+	Unit            string   `json:"unit,omitempty"`
+	RequestsPerUnit int64    `json:"requests_per_unit,omitempty"`
+	Period          string   `json:"period,omitempty"`
+	Burst           int64    `json:"burst,omitempty"`
+	Unlimited       bool     `json:"unlimited,omitempty"`
+	Name            string   `json:"name,omitempty"`
+	Replaces        []string `json:"replaces,omitempty"`
+	FailureMode     string   `json:"failure_mode,omitempty"`
+	Scope           string   `json:"scope,omitempty"`
+	Strategy        string   `json:"strategy,omitempty"`
+}
+
+// ErrPolicy wraps every policy load error.
+var ErrPolicy = errors.New("region: invalid policy")
+
+// ParsePolicy parses and validates a YAML policy. It reports every problem
+// at once, each with its path in the file (and line), wrapped in ErrPolicy;
+// unknown fields are errors.
+func ParsePolicy(data []byte) (*Policy, error) {
+	// A Decoder, not yaml.Unmarshal: Unmarshal reads the first document
+	// only, so the domains of any later one would be dropped silently (not
+	// even syntax-checked).
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+	}
+	d := &decoder{}
+	var pf policyFile
+	if len(doc.Content) == 0 {
+		d.errf("", &doc, "empty policy: want a mapping with a domains list")
+	} else {
+		d.policy(doc.Content[0], &pf)
+	}
+	for {
+		var extra yaml.Node
+		err := dec.Decode(&extra)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+		}
+		// An empty document (a trailing "---") holds nothing to lose.
+		if len(extra.Content) > 0 && extra.Content[0].Tag != "!!null" {
+			d.errf("", extra.Content[0], "a second YAML document: a policy is one document; list every domain under its domains")
+			break
+		}
+	}
+	p := d.build(&pf)
+	if len(d.errs) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrPolicy, errors.Join(d.errs...))
+	}
+	return p, nil
+}
+
+type decoder struct {
+	errs []error
+}
+
+func (d *decoder) errf(path string, n *yaml.Node, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if path == "" {
+		path = "(root)"
+	}
+	if n != nil && n.Line > 0 {
+		d.errs = append(d.errs, fmt.Errorf("%s (line %d): %s", path, n.Line, msg))
+		return
+	}
+	d.errs = append(d.errs, fmt.Errorf("%s: %s", path, msg))
+}
+
+func join(path, field string) string {
+	if path == "" {
+		return field
+	}
+	return path + "." + field
+}
+
+// fields walks a mapping node, calling set for each known field and
+// reporting unknown and duplicate ones.
+func (d *decoder) fields(path string, n *yaml.Node, known []string, set func(name string, v *yaml.Node)) {
+	if n.Kind != yaml.MappingNode {
+		d.errf(path, n, "want a mapping, got %s", kindName(n))
+		return
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		name := k.Value
+		if !slices.Contains(known, name) {
+			d.errf(join(path, name), k, "unknown field (valid: %s)", strings.Join(known, ", "))
+			continue
+		}
+		if seen[name] {
+			d.errf(join(path, name), k, "field given twice")
+			continue
+		}
+		seen[name] = true
+		set(name, v)
+	}
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%q", n.Value)
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return "nothing"
+}
+
+func (d *decoder) str(path string, n *yaml.Node, dst *string) {
+	// Any non-null scalar is its text, as in envoyproxy/ratelimit: value:
+	// 2024-01-01 is "2024-01-01" (YAML tags it !!timestamp).
+	if n.Kind != yaml.ScalarNode || (n.Tag != "!!str" && n.Tag != "!!int" && n.Tag != "!!float" && n.Tag != "!!bool" && n.Tag != "!!timestamp") {
+		d.errf(path, n, "want a string, got %s", kindName(n))
+		return
+	}
+	*dst = n.Value
+}
+
+func (d *decoder) boolean(path string, n *yaml.Node, dst *bool) {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" {
+		d.errf(path, n, "want true or false, got %s", kindName(n))
+		return
+	}
+	*dst = n.Value == "true"
+}
+
+func (d *decoder) integer(path string, n *yaml.Node, dst *int64) {
+	var v int64
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" || n.Decode(&v) != nil {
+		d.errf(path, n, "want an integer, got %s", kindName(n))
+		return
+	}
+	*dst = v
+}
+
+func (d *decoder) list(path string, n *yaml.Node, each func(path string, v *yaml.Node)) {
+	if n.Kind != yaml.SequenceNode {
+		d.errf(path, n, "want a list, got %s", kindName(n))
+		return
+	}
+	for i, v := range n.Content {
+		each(fmt.Sprintf("%s[%d]", path, i), v)
+	}
+}
+
+func (d *decoder) policy(n *yaml.Node, pf *policyFile) {
+	d.fields("", n, []string{"domains"}, func(_ string, v *yaml.Node) {
+		d.list("domains", v, func(p string, v *yaml.Node) {
+			pf.Domains = append(pf.Domains, domainFile{})
+			d.domain(p, v, &pf.Domains[len(pf.Domains)-1])
+		})
+	})
+}
+
+func (d *decoder) domain(path string, n *yaml.Node, df *domainFile) {
+	d.fields(path, n, []string{"domain", "hash_tag", "failure_mode", "descriptors"}, func(name string, v *yaml.Node) {
+		p := join(path, name)
+		switch name {
+		case "domain":
+			d.str(p, v, &df.Domain)
+		case "hash_tag":
+			d.str(p, v, &df.HashTag)
+		case "failure_mode":
+			d.str(p, v, &df.FailureMode)
+		case "descriptors":
+			d.descriptors(p, v, &df.Descriptors)
+		}
+	})
+}
+
+func (d *decoder) descriptors(path string, n *yaml.Node, dst *[]descriptorFile) {
+	d.list(path, n, func(p string, v *yaml.Node) {
+		*dst = append(*dst, descriptorFile{})
+		d.descriptor(p, v, &(*dst)[len(*dst)-1])
+	})
+}
+
+func (d *decoder) descriptor(path string, n *yaml.Node, df *descriptorFile) {
+	// detailed_metric is accepted for compatibility with envoyproxy/ratelimit
+	// files and has no effect (metric labels are bounded here).
+	known := []string{"key", "value", "rate_limit", "shadow_mode", "descriptors", "detailed_metric"}
+	d.fields(path, n, known, func(name string, v *yaml.Node) {
+		p := join(path, name)
+		switch name {
+		case "key":
+			d.str(p, v, &df.Key)
+		case "value":
+			d.str(p, v, &df.Value)
+		case "shadow_mode":
+			d.boolean(p, v, &df.ShadowMode)
+		case "detailed_metric":
+			var ignored bool
+			d.boolean(p, v, &ignored)
+		case "descriptors":
+			d.descriptors(p, v, &df.Descriptors)
+		case "rate_limit":
+			df.RateLimit = &rateLimitFile{}
+			d.rateLimit(p, v, df.RateLimit)
+		}
+	})
+}
+
+func (d *decoder) rateLimit(path string, n *yaml.Node, rf *rateLimitFile) {
+	known := []string{"unit", "requests_per_unit", "period", "burst", "unlimited", "name", "replaces",
+		"failure_mode", "scope", "strategy"}
+	d.fields(path, n, known, func(name string, v *yaml.Node) {
+		p := join(path, name)
+		switch name {
+		case "unit":
+			d.str(p, v, &rf.Unit)
+		case "requests_per_unit":
+			d.integer(p, v, &rf.RequestsPerUnit)
+		case "period":
+			d.str(p, v, &rf.Period)
+		case "burst":
+			d.integer(p, v, &rf.Burst)
+		case "unlimited":
+			d.boolean(p, v, &rf.Unlimited)
+		case "name":
+			d.str(p, v, &rf.Name)
+		case "failure_mode":
+			d.str(p, v, &rf.FailureMode)
+		case "scope":
+			d.str(p, v, &rf.Scope)
+		case "strategy":
+			d.str(p, v, &rf.Strategy)
+		case "replaces":
+			d.list(p, v, func(p string, v *yaml.Node) {
+				// envoyproxy/ratelimit writes replaces as [{name: x}].
+				var s string
+				if v.Kind == yaml.MappingNode {
+					d.fields(p, v, []string{"name"}, func(_ string, v *yaml.Node) { d.str(join(p, "name"), v, &s) })
+				} else {
+					d.str(p, v, &s)
+				}
+				if s == "" {
+					d.errf(p, v, "empty name")
+					return
+				}
+				rf.Replaces = append(rf.Replaces, s)
+			})
+		}
+	})
+}
+
+var units = map[string]time.Duration{
+	"second": time.Second, "minute": time.Minute, "hour": time.Hour, "day": 24 * time.Hour,
+}
+
+func parseFailureMode(s string) (FailureMode, bool) {
+	switch s {
+	case "local":
+		return FailLocal, true
+	case "open":
+		return FailOpen, true
+	case "closed":
+		return FailClosed, true
+	}
+	return 0, false
+}
+
+// build validates the decoded file and builds the matching trees.
+func (d *decoder) build(pf *policyFile) *Policy {
+	p := &Policy{domains: map[string]*domain{}}
+	if len(pf.Domains) == 0 && len(d.errs) == 0 {
+		d.errf("domains", nil, "no domains: a policy needs at least one")
+	}
+	for i := range pf.Domains {
+		df := &pf.Domains[i]
+		path := fmt.Sprintf("domains[%d]", i)
+		dom := &domain{name: df.Domain, hashTag: df.HashTag}
+		switch {
+		case df.Domain == "":
+			d.errf(join(path, "domain"), nil, "empty: every domain needs a name")
+		case len(df.Domain) > MaxDomainLen:
+			d.errf(join(path, "domain"), nil, "%d bytes, above the maximum %d", len(df.Domain), MaxDomainLen)
+		case p.domains[df.Domain] != nil:
+			d.errf(join(path, "domain"), nil, "domain %q defined twice", df.Domain)
+		default:
+			p.domains[df.Domain] = dom
+		}
+		if len(df.HashTag) > MaxEntryKeyLen {
+			d.errf(join(path, "hash_tag"), nil, "%d bytes, above the maximum %d", len(df.HashTag), MaxEntryKeyLen)
+		}
+		fm := FailLocal
+		if df.FailureMode != "" {
+			m, ok := parseFailureMode(df.FailureMode)
+			if !ok {
+				d.errf(join(path, "failure_mode"), nil, "%q: want open, closed or local", df.FailureMode)
+			}
+			fm = m
+		}
+		if len(df.Descriptors) == 0 {
+			d.errf(join(path, "descriptors"), nil, "no descriptors: the domain limits nothing")
+		}
+		dom.root = d.level(p, dom, fm, join(path, "descriptors"), df.Descriptors, nil)
+	}
+	// Names are unique per domain so replaces is unambiguous.
+	names := map[string]string{}
+	for _, r := range p.rules {
+		if r.Name == "" {
+			continue
+		}
+		k := r.Domain + "\x00" + r.Name
+		if prev, ok := names[k]; ok {
+			d.errf(join(r.Path, "rate_limit.name"), nil, "name %q already used by %s", r.Name, prev)
+		}
+		names[k] = r.Path
+	}
+	for _, r := range p.rules {
+		for _, name := range r.Replaces {
+			if name == r.Name {
+				d.errf(join(r.Path, "rate_limit.replaces"), nil, "a rule cannot replace itself (%q)", name)
+			} else if _, ok := names[r.Domain+"\x00"+name]; !ok {
+				d.errf(join(r.Path, "rate_limit.replaces"), nil, "no rule named %q in domain %q", name, r.Domain)
+			}
+		}
+	}
+	canon, err := json.Marshal(pf)
+	if err != nil {
+		d.errf("", nil, "hash the policy: %v", err)
+	}
+	sum := sha256.Sum256(canon)
+	p.version = hex.EncodeToString(sum[:8])
+	return p
+}
+
+// level builds one depth of the tree. keys lists the descriptor keys on the
+// path so far (to check the hash tag is on every limited path).
+func (d *decoder) level(p *Policy, dom *domain, fm FailureMode, path string, ds []descriptorFile, keys []string) *level {
+	if len(ds) == 0 {
+		return nil
+	}
+	lv := &level{exact: map[string]map[string]*node{}, bare: map[string]*node{}}
+	if len(keys) >= MaxEntries {
+		d.errf(path, nil, "descriptors nested deeper than %d entries", MaxEntries)
+		return lv
+	}
+	for i := range ds {
+		df := &ds[i]
+		dp := fmt.Sprintf("%s[%d]", path, i)
+		switch {
+		case df.Key == "":
+			d.errf(join(dp, "key"), nil, "empty: every descriptor needs a key")
+		case len(df.Key) > MaxEntryKeyLen:
+			d.errf(join(dp, "key"), nil, "%d bytes, above the maximum %d", len(df.Key), MaxEntryKeyLen)
+		}
+		if len(df.Value) > MaxValueLen {
+			d.errf(join(dp, "value"), nil, "%d bytes, above the maximum %d", len(df.Value), MaxValueLen)
+		}
+		n := &node{}
+		path := append(slices.Clip(keys), df.Key)
+		if df.RateLimit != nil {
+			n.rule = d.rule(p, dom, fm, dp, df, path)
+		} else if df.ShadowMode {
+			d.errf(join(dp, "shadow_mode"), nil, "set on a descriptor without a rate_limit")
+		}
+		if df.RateLimit == nil && len(df.Descriptors) == 0 {
+			d.errf(dp, nil, "neither rate_limit nor descriptors: the descriptor does nothing")
+		}
+		n.children = d.level(p, dom, fm, join(dp, "descriptors"), df.Descriptors, path)
+		dup := false
+		switch {
+		case df.Value == "":
+			dup = lv.bare[df.Key] != nil
+			if !dup {
+				lv.bare[df.Key] = n
+			}
+		case strings.HasSuffix(df.Value, "*"):
+			prefix := strings.TrimSuffix(df.Value, "*")
+			for _, w := range lv.wild {
+				dup = dup || (w.key == df.Key && w.prefix == prefix)
+			}
+			if !dup {
+				lv.wild = append(lv.wild, wildcard{key: df.Key, prefix: prefix, n: n})
+			}
+		default:
+			m := lv.exact[df.Key]
+			if m == nil {
+				m = map[string]*node{}
+				lv.exact[df.Key] = m
+			}
+			dup = m[df.Value] != nil
+			if !dup {
+				m[df.Value] = n
+			}
+		}
+		if dup {
+			d.errf(dp, nil, "duplicate descriptor key %q value %q at this level", df.Key, df.Value)
+		}
+	}
+	return lv
+}
+
+// DefaultBurst is the burst of a rule that does not set one: its
+// requests_per_unit, the most Envoy's reference server admits in one
+// instant (a fresh fixed window), capped so the window fits gcra.MaxWindow.
+func DefaultBurst(requests int64, period time.Duration) int64 {
+	if requests <= 0 || period <= 0 {
+		return 0
+	}
+	t := (int64(period/time.Microsecond) + requests - 1) / requests
+	return max(1, min(requests, gcra.MaxWindowMicros/max(t, 1)))
+}
+
+func (d *decoder) rule(p *Policy, dom *domain, fm FailureMode, dp string, df *descriptorFile, keys []string) *Rule {
+	rf := df.RateLimit
+	rp := join(dp, "rate_limit")
+	r := &Rule{Path: dp, Name: rf.Name, Replaces: rf.Replaces, Domain: dom.name, Shadow: df.ShadowMode,
+		Unlimited: rf.Unlimited, FailureMode: fm, Strategy: rf.Strategy, id: len(p.rules)}
+	if rf.FailureMode != "" {
+		m, ok := parseFailureMode(rf.FailureMode)
+		if !ok {
+			d.errf(join(rp, "failure_mode"), nil, "%q: want open, closed or local", rf.FailureMode)
+		}
+		r.FailureMode = m
+	}
+	switch rf.Scope {
+	case "", "global":
+	case "regional":
+		r.Scope = Regional
+	default:
+		d.errf(join(rp, "scope"), nil, "%q: want global or regional", rf.Scope)
+	}
+	if rf.Strategy != "" && !slices.Contains(rebalance.StrategyNames(), rf.Strategy) {
+		d.errf(join(rp, "strategy"), nil, "unknown strategy %q (valid: %s)", rf.Strategy,
+			strings.Join(rebalance.StrategyNames(), ", "))
+	}
+	if rf.Unlimited {
+		if rf.Unit != "" || rf.Period != "" || rf.RequestsPerUnit != 0 || rf.Burst != 0 {
+			d.errf(rp, nil, "unlimited with unit, period, requests_per_unit or burst: choose one")
+		}
+		p.rules = append(p.rules, r)
+		return r
+	}
+	var period time.Duration
+	switch {
+	case rf.Unit != "" && rf.Period != "":
+		d.errf(rp, nil, "both unit and period: give one")
+	case rf.Unit != "":
+		u, ok := units[strings.ToLower(rf.Unit)]
+		if !ok {
+			d.errf(join(rp, "unit"), nil, "%q: want second, minute, hour or day (or period: a duration)", rf.Unit)
+		}
+		period = u
+	case rf.Period != "":
+		v, err := time.ParseDuration(rf.Period)
+		switch {
+		case err != nil:
+			d.errf(join(rp, "period"), nil, "%q: not a duration (%v)", rf.Period, err)
+		case v < time.Millisecond || v > gcra.MaxWindow:
+			d.errf(join(rp, "period"), nil, "%s: outside [1ms, %s]", v, gcra.MaxWindow)
+		default:
+			period = v
+		}
+	default:
+		d.errf(join(rp, "unit"), nil, "missing: give unit (second, minute, hour, day) or period, or unlimited: true")
+	}
+	if rf.RequestsPerUnit <= 0 {
+		d.errf(join(rp, "requests_per_unit"), nil, "%d: must be at least 1", rf.RequestsPerUnit)
+	}
+	if rf.Burst < 0 {
+		d.errf(join(rp, "burst"), nil, "%d: must be at least 1 (omit it for the default)", rf.Burst)
+	}
+	if period > 0 && rf.RequestsPerUnit > 0 && rf.Burst >= 0 {
+		burst := rf.Burst
+		if burst == 0 {
+			burst = DefaultBurst(rf.RequestsPerUnit, period)
+		}
+		r.Limit = gcra.New(rf.RequestsPerUnit, period, burst)
+		if err := r.Limit.Validate(); err != nil {
+			d.errf(rp, nil, "%v", err)
+		}
+	}
+	if dom.hashTag != "" && !slices.Contains(keys, dom.hashTag) {
+		d.errf(dp, nil, "no %q entry on this path: every limit of the domain needs its hash_tag descriptor, or its keys cannot share a Redis Cluster slot with the domain's other limits in one composite decision", dom.hashTag)
+	}
+	p.rules = append(p.rules, r)
+	return r
+}
+
+// match resolves one request descriptor to its rule, as Envoy's reference
+// server does: at each depth exact value, then wildcard, then bare key; a
+// rule applies only when found at the descriptor's last entry.
+func (dom *domain) match(entries []Entry) *Rule {
+	lv := dom.root
+	var found *Rule
+	for i, e := range entries {
+		if lv == nil {
+			return nil
+		}
+		var n *node
+		if m := lv.exact[e.Key]; m != nil {
+			n = m[e.Value]
+		}
+		if n == nil {
+			for j := range lv.wild {
+				w := &lv.wild[j]
+				if w.key == e.Key && strings.HasPrefix(e.Value, w.prefix) {
+					n = w.n
+					break
+				}
+			}
+		}
+		if n == nil {
+			n = lv.bare[e.Key]
+		}
+		if n == nil {
+			return nil
+		}
+		if n.rule != nil && i == len(entries)-1 {
+			found = n.rule
+		}
+		lv = n.children
+	}
+	return found
+}

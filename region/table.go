@@ -1,0 +1,234 @@
+package region
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/rebalance"
+)
+
+// TableState is what the node runs on, for admin views and metrics.
+type TableState struct {
+	HasTable    bool
+	Term, Epoch uint64
+	// LeaseExpiry is when the table's lease for this region ends (µs on the
+	// coordinator's clock, which the lease is measured on); 0 without a
+	// table.
+	LeaseExpiry int64
+	// Lapsed is set once the lease passed with no newer table: every key
+	// runs at min(last share, safe share).
+	Lapsed bool
+	Keys   int
+}
+
+// Table returns the state of the table in force. Call it on the
+// Tick/Apply goroutine.
+func (n *Node) Table() TableState {
+	s := n.snap.Load()
+	return TableState{HasTable: s.hasTable, Term: s.term, Epoch: s.epoch, LeaseExpiry: n.leaseExpiry,
+		Lapsed: s.lapsed, Keys: len(s.rows)}
+}
+
+// Apply puts table t in force from now (µs): tables older than the one in
+// force (by term, then epoch) are refused with ErrStaleTable, malformed
+// ones with ErrBadTable; both change nothing. Each key's new regional limit
+// takes effect at t.Effective on the store's clock (the store applies
+// "limit changes keep tokens"), so decreases and increases happen when the
+// coordinator scheduled them. The lease for this region runs until
+// t.Issued + t.Leases[r]; Tick reduces every key to min(last share, safe
+// share) once it passes. Apply runs on the Tick goroutine.
+func (n *Node) Apply(t *rebalance.Table, now int64) error {
+	if t == nil {
+		return fmt.Errorf("%w: nil", ErrBadTable)
+	}
+	if t.Shadow {
+		return fmt.Errorf("%w: a shadow table is for display only", ErrBadTable)
+	}
+	old := n.snap.Load()
+	if old.hasTable && !t.Newer(old.term, old.epoch) {
+		return fmt.Errorf("%w: term %d epoch %d, in force term %d epoch %d", ErrStaleTable, t.Term, t.Epoch, old.term, old.epoch)
+	}
+	r := slices.Index(t.Regions, n.cfg.Region)
+	if err := n.checkTable(t, r, now); err != nil {
+		return err
+	}
+	rows := make(map[string]*row, len(t.Keys))
+	var limits []gcra.Limit
+	for i := range t.Keys {
+		ks := &t.Keys[i]
+		limits = ks.Limits(limits)
+		rows[ks.Key] = n.transition(old.rows[ks.Key], ks, limits[r], t.Effective, now)
+	}
+	// A key the table no longer names runs reduced, for as long as state
+	// written under its last limit may live; then it is a key with no row
+	// (the safe share).
+	for k, o := range old.rows {
+		if _, ok := rows[k]; ok {
+			continue
+		}
+		nr := n.reduce(o, now)
+		if last := inForceAt(&nr.sched, now); now < nr.sched.Current.Effective+windowMicros(last.Limit)+windowMicros(nr.sched.Previous.Limit) {
+			rows[k] = nr
+		}
+	}
+	n.leaseExpiry = t.Issued + t.Leases[r]
+	n.snap.Store(&snapshot{policy: n.snap.Load().policy, hasTable: true, term: t.Term, epoch: t.Epoch, rows: rows})
+	if now >= n.leaseExpiry {
+		n.lapse(now)
+	}
+	return nil
+}
+
+func windowMicros(l gcra.Limit) int64 { return l.Burst() * l.IntervalMicros() }
+
+func (n *Node) checkTable(t *rebalance.Table, r int, now int64) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadTable, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case r < 0:
+		return bad("regions %q do not include %q", t.Regions, n.cfg.Region)
+	case len(t.Leases) != len(t.Regions):
+		return bad("%d leases for %d regions", len(t.Leases), len(t.Regions))
+	case t.Effective < 0 || t.Effective >= gcra.MaxTime || t.Issued < 0 || t.Issued >= gcra.MaxTime:
+		return bad("issued %dµs or effective %dµs outside [0, 2^52)", t.Issued, t.Effective)
+	case now < 0 || now >= gcra.MaxTime:
+		return bad("now %dµs outside [0, 2^52)", now)
+	case t.Leases[r] < 0 || t.Leases[r] >= gcra.MaxTime:
+		return bad("lease %dµs outside [0, 2^52)", t.Leases[r])
+	}
+	for i := range t.Keys {
+		ks := &t.Keys[i]
+		if len(ks.Shares) != len(t.Regions) {
+			return bad("keys[%d] %q: %d shares for %d regions", i, ks.Key, len(ks.Shares), len(t.Regions))
+		}
+		if err := ks.Budget.Validate(); err != nil {
+			return bad("keys[%d] %q: budget: %v", i, ks.Key, err)
+		}
+		if ks.Key == "" || len(ks.Key) > gcra.MaxKeyLen {
+			return bad("keys[%d]: key of %d bytes outside [1, %d]", i, len(ks.Key), gcra.MaxKeyLen)
+		}
+		if i > 0 && t.Keys[i-1].Key >= ks.Key {
+			return bad("keys[%d] %q: keys not sorted and distinct", i, ks.Key)
+		}
+		if ks.Version > 1<<60 {
+			return bad("keys[%d] %q: version %d too large", i, ks.Key, ks.Version)
+		}
+	}
+	return nil
+}
+
+// transition is a key's row after a table gives it limit lim (version
+// ks.Version) from eff on, given its row o under the previous table.
+func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, now int64) *row {
+	v := ks.Version
+	nr := &row{version: v, budget: ks.Budget}
+	switch {
+	case o == nil:
+		prev := gcra.Version{Limit: SafeLimit(ks.Budget, n.safe, len(n.cfg.Regions)), Epoch: coldEpoch}
+		nr.sched = gcra.Change(prev, gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
+	case v < o.version:
+		n.regressions++
+		return o
+	case v == o.version && o.sub%2 == 0:
+		nr.sub, nr.sched = o.sub, o.sched // unchanged
+	case v == o.version && o.sub == 3:
+		nr.sub, nr.sched = o.sub, o.sched // reduced twice: stays until the version moves
+	case v == o.version:
+		// Restore after a lapse: a new epoch slot within the version.
+		nr.sub = o.sub + 1
+		at := max(eff, now)
+		nr.sched = gcra.Change(inForceAt(&o.sched, at), gcra.Version{Limit: lim, Epoch: epochOf(v, nr.sub), Effective: at})
+	default:
+		nr.sched = gcra.Change(inForceAt(&o.sched, eff), gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
+	}
+	nr.reduced = n.reduce(nr, now).sched
+	return nr
+}
+
+// reduce is o run at min(last limit, safe limit) from now on, in the next
+// epoch slot of its version (o itself when it already runs reduced).
+func (n *Node) reduce(o *row, now int64) *row {
+	if o.sub%2 == 1 {
+		return o
+	}
+	nr := *o
+	nr.sub = o.sub + 1
+	last := inForceAt(&o.sched, now)
+	lim := minLimit(last.Limit, SafeLimit(o.budget, n.safe, len(n.cfg.Regions)))
+	if o.sched.Current.Effective > now {
+		// A pending change: never more than it grants either.
+		lim = minLimit(lim, o.sched.Current.Limit)
+	}
+	nr.sched = gcra.Change(last, gcra.Version{Limit: lim, Epoch: epochOf(o.version, nr.sub), Effective: now})
+	nr.reduced = nr.sched
+	return &nr
+}
+
+// lapse runs every key at min(last share, safe share) from now on.
+func (n *Node) lapse(now int64) {
+	old := n.snap.Load()
+	rows := make(map[string]*row, len(old.rows))
+	for k, o := range old.rows {
+		rows[k] = n.reduce(o, now)
+	}
+	s := *old
+	s.rows, s.lapsed = rows, true
+	n.snap.Store(&s)
+}
+
+// Tick closes the report interval if now (µs) has left it and returns this
+// agent's demand report for it (nil otherwise), and reduces every key to
+// min(last share, safe share) once the lease has passed. Demand recorded
+// since the previous report goes into the report of the last closed
+// interval. Keys idle for a few reports are forgotten (their counters are
+// zero and their local state rested). Tick runs on one goroutine.
+func (n *Node) Tick(now int64) *rebalance.Report {
+	s := n.snap.Load()
+	if s.hasTable && !s.lapsed && now >= n.leaseExpiry {
+		n.lapse(now)
+		s = n.snap.Load()
+	}
+	idx := now / n.cfg.Interval.Microseconds()
+	if !n.started {
+		n.open, n.started = idx, true
+		return nil
+	}
+	if idx <= n.open {
+		return nil
+	}
+	n.open = idx
+	rep := &rebalance.Report{Region: n.cfg.Region, Agent: n.cfg.Agent, Interval: idx - 1,
+		Term: s.term, Epoch: s.epoch, PolicyVersion: s.policy.Version()}
+	n.localMu.Lock() // e.local; lock order: localMu, then shards
+	defer n.localMu.Unlock()
+	for i := range n.keys.shards {
+		sh := &n.keys.shards[i]
+		sh.mu.Lock()
+		for name, e := range sh.m {
+			dm := rebalance.Demand{Offered: e.offered.Swap(0), OfferedCost: e.offeredCost.Swap(0),
+				Admitted: e.admitted.Swap(0), Denied: e.denied.Swap(0)}
+			if dm.Offered == 0 {
+				e.idle++
+				if e.idle >= idleReports && e.local.TAT <= now {
+					e.dead = true
+					delete(sh.m, name)
+					n.keys.n.Add(-1)
+				}
+				continue
+			}
+			e.idle = 0
+			if e.global {
+				rep.Keys = append(rep.Keys, rebalance.KeyDemand{Key: name, Demand: dm})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	slices.SortFunc(rep.Keys, func(a, b rebalance.KeyDemand) int { return cmp.Compare(a.Key, b.Key) })
+	return rep
+}
+
+// idleReports is how many empty reports a key stays tracked for.
+const idleReports = 3
