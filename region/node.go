@@ -166,7 +166,11 @@ type snapshot struct {
 	hasTable bool
 	term     uint64
 	epoch    uint64
-	lapsed   bool
+	// effective is the table's effective time; until it passes, reports
+	// name the table in force before it (prevTerm, prevEpoch).
+	effective           int64
+	prevTerm, prevEpoch uint64
+	lapsed              bool
 	rows     map[string]*row
 }
 

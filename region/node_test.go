@@ -331,7 +331,7 @@ func TestNodeReportsSumToDecisions(t *testing.T) {
 		if err := n.Apply(table(1, 1, now, now-hour, 1, 500_000, acme, acmeSearch), now); err != nil {
 			t.Fatal(err)
 		}
-		tick := int64(1_000_000_000_000) // the node's own clock, µs
+		tick := now // the node's clock: the store's, as in production
 		n.Tick(tick)
 		rng := rand.New(rand.NewPCG(1, 2))
 		type sums struct{ offered, cost, admitted, denied int64 }
@@ -473,4 +473,117 @@ func TestNodeDocumentedEdgeRequests(t *testing.T) {
 			t.Errorf("admitted %d after the edge requests, want 5 (nothing consumed)", got)
 		}
 	})
+}
+
+func TestNodeMissingKeyAndPolicyMismatchRunReduced(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env, n *Node) {
+		now := e.now()
+		if err := n.Apply(table(1, 1, now, now-hour, 1, 700_000, acme), now); err != nil {
+			t.Fatal(err)
+		}
+		if got := n.cfgLimit(t, "acme").Burst(); got != 7 {
+			t.Fatalf("burst under the table %d, want 7", got)
+		}
+		// The next table no longer names acme: min(70 %, safe 5 %).
+		now = e.now()
+		if err := n.Apply(table(1, 2, now, now, 2, 700_000), now); err != nil {
+			t.Fatal(err)
+		}
+		safe := SafeLimit(gcra.PerHour(100, 10), n.safe, len(regions))
+		if got := n.cfgLimit(t, "acme"); got != safe {
+			t.Errorf("missing key runs at %v, want the safe limit %v", got, safe)
+		}
+		if got := decideN(t, n, e.now(), req(1, tenant("acme")), 5); got != 1 {
+			t.Errorf("missing key admitted %d, want 1 (7 tokens clamped to the safe burst)", got)
+		}
+
+		// A table computed for another budget (policy rollout): safe share.
+		now = e.now()
+		tb := table(1, 3, now, now-hour, 1, 700_000, acme)
+		tb.Keys[0].Budget = gcra.PerHour(200, 10)
+		if err := n.Apply(tb, now); err != nil {
+			t.Fatal(err)
+		}
+		before := n.Stats().Reduced
+		if got := n.cfgLimit(t, "acme"); got.IntervalMicros() < safe.IntervalMicros() || got.Burst() > safe.Burst() {
+			t.Errorf("mismatched key runs at %v, above the safe limit %v", got, safe)
+		}
+		if n.Stats().Reduced == before {
+			t.Error("mismatch not counted")
+		}
+	})
+}
+
+func TestNodeKeyCapAndEviction(t *testing.T) {
+	const t0 = int64(1_700_000_000_000_000)
+	ms, err := memstore.New(memstore.Config{Clock: func() int64 { return t0 }, Shards: 1, MaxKeys: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig("eu", "eu-1", regions...)
+	cfg.MaxKeys = 2
+	n, err := NewNode(cfg, mustPolicy(t, testPolicy), ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	iv := n.cfg.Interval.Microseconds()
+	n.Tick(t0)
+	for _, ten := range []string{"a", "b", "c", "d"} {
+		decideN(t, n, t0, req(1, tenant(ten)), 1)
+	}
+	if got := n.Stats().Overflow; got != 2 {
+		t.Errorf("Overflow = %d, want 2 (keys c and d beyond MaxKeys 2)", got)
+	}
+	if got := decideN(t, n, t0, req(1, tenant("c")), 1); got != 0 {
+		t.Errorf("an untracked key is still decided by the store: admitted %d, want 0 (its burst of 1 is spent)", got)
+	}
+	rep := n.Tick(t0 + iv)
+	if len(rep.Keys) != 2 {
+		t.Fatalf("report has %d keys, want the 2 tracked", len(rep.Keys))
+	}
+	// Idle for idleReports reports: forgotten, making room for c.
+	for i := range idleReports {
+		n.Tick(t0 + int64(i+2)*iv)
+	}
+	if got := n.keys.n.Load(); got != 0 {
+		t.Fatalf("%d keys tracked after %d idle reports, want 0", got, idleReports)
+	}
+	decideN(t, n, t0, req(1, tenant("c")), 2)
+	rep = n.Tick(t0 + int64(idleReports+3)*iv)
+	if len(rep.Keys) != 1 || rep.Keys[0].Offered != 2 || rep.Keys[0].Denied != 2 {
+		t.Errorf("report after eviction %+v, want c offered 2 denied 2", rep.Keys)
+	}
+}
+
+func TestNodeReportNamesTableInForce(t *testing.T) {
+	n, err := NewNode(DefaultConfig("eu", "eu-1", regions...), mustPolicy(t, testPolicy), &breakable{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iv := n.cfg.Interval.Microseconds()
+	t0 := 1000 * iv
+	n.Tick(t0)
+	tests := []struct {
+		apply            *rebalance.Table
+		tick             int64
+		wantTerm, wantEp uint64
+	}{
+		{apply: table(1, 1, t0, t0+iv/2, 1, 500_000, acme), tick: t0 + iv, wantTerm: 1, wantEp: 1},
+		// Applied but not yet effective at the tick: the previous one.
+		{apply: table(1, 2, t0+iv, t0+5*iv, 2, 600_000, acme), tick: t0 + 2*iv, wantTerm: 1, wantEp: 1},
+		// Superseded before it took effect: still the one in force.
+		{apply: table(2, 1, t0+2*iv, t0+9*iv, 3, 700_000, acme), tick: t0 + 3*iv, wantTerm: 1, wantEp: 1},
+		{tick: t0 + 10*iv, wantTerm: 2, wantEp: 1},
+	}
+	for i, tt := range tests {
+		if tt.apply != nil {
+			if err := n.Apply(tt.apply, tt.tick-iv/4); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rep := n.Tick(tt.tick)
+		if rep == nil || rep.Term != tt.wantTerm || rep.Epoch != tt.wantEp {
+			t.Errorf("step %d: report %+v, want term %d epoch %d", i, rep, tt.wantTerm, tt.wantEp)
+		}
+	}
 }

@@ -74,7 +74,12 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 		}
 	}
 	n.leaseExpiry = t.Issued + t.Leases[r]
-	n.snap.Store(&snapshot{policy: n.snap.Load().policy, hasTable: true, term: t.Term, epoch: t.Epoch, rows: rows})
+	prevTerm, prevEpoch := old.term, old.epoch
+	if old.hasTable && now < old.effective {
+		prevTerm, prevEpoch = old.prevTerm, old.prevEpoch // the old table never came into force
+	}
+	n.snap.Store(&snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
+		effective: t.Effective, prevTerm: prevTerm, prevEpoch: prevEpoch, rows: rows})
 	if now >= n.leaseExpiry {
 		n.lapse(now)
 	}
@@ -180,7 +185,9 @@ func (n *Node) lapse(now int64) {
 }
 
 // Tick closes the report interval if now (µs) has left it and returns this
-// agent's demand report for it (nil otherwise), and reduces every key to
+// agent's demand report for it (nil otherwise), naming the table in force
+// (the newest applied one whose effective time has passed; 0/0 for none),
+// and reduces every key to
 // min(last share, safe share) once the lease has passed. Demand recorded
 // since the previous report goes into the report of the last closed
 // interval. Keys idle for a few reports are forgotten (their counters are
@@ -202,6 +209,11 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 	n.open = idx
 	rep := &rebalance.Report{Region: n.cfg.Region, Agent: n.cfg.Agent, Interval: idx - 1,
 		Term: s.term, Epoch: s.epoch, PolicyVersion: s.policy.Version()}
+	if now < s.effective {
+		// The coordinator reads the epoch as "in force" (its effective time
+		// passed here): until then, name the table that is.
+		rep.Term, rep.Epoch = s.prevTerm, s.prevEpoch
+	}
 	n.localMu.Lock() // e.local; lock order: localMu, then shards
 	defer n.localMu.Unlock()
 	for i := range n.keys.shards {
