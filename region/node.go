@@ -171,7 +171,7 @@ type snapshot struct {
 	effective           int64
 	prevTerm, prevEpoch uint64
 	lapsed              bool
-	rows     map[string]*row
+	rows                map[string]*row
 }
 
 // row is one key of the table in force, as this region runs it.

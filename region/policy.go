@@ -159,10 +159,11 @@ type descriptorFile struct {
 }
 
 type rateLimitFile struct {
-	Unit            string   `json:"unit,omitempty"`
-	RequestsPerUnit int64    `json:"requests_per_unit,omitempty"`
-	Period          string   `json:"period,omitempty"`
-	Burst           int64    `json:"burst,omitempty"`
+	Unit            string `json:"unit,omitempty"`
+	RequestsPerUnit int64  `json:"requests_per_unit,omitempty"`
+	Period          string `json:"period,omitempty"`
+	Burst           int64  `json:"burst,omitempty"`
+	burstSet        bool
 	Unlimited       bool     `json:"unlimited,omitempty"`
 	Name            string   `json:"name,omitempty"`
 	Replaces        []string `json:"replaces,omitempty"`
@@ -384,6 +385,7 @@ func (d *decoder) rateLimit(path string, n *yaml.Node, rf *rateLimitFile) {
 			d.str(p, v, &rf.Period)
 		case "burst":
 			d.integer(p, v, &rf.Burst)
+			rf.burstSet = true
 		case "unlimited":
 			d.boolean(p, v, &rf.Unlimited)
 		case "name":
@@ -477,13 +479,29 @@ func (d *decoder) build(pf *policyFile) *Policy {
 		}
 		names[k] = r.Path
 	}
+	byName := map[string]*Rule{}
 	for _, r := range p.rules {
-		for _, name := range r.Replaces {
-			if name == r.Name {
+		if r.Name != "" {
+			byName[r.Domain+"\x00"+r.Name] = r
+		}
+	}
+	for _, r := range p.rules {
+		for i, name := range r.Replaces {
+			switch {
+			case name == r.Name:
 				d.errf(join(r.Path, "rate_limit.replaces"), nil, "a rule cannot replace itself (%q)", name)
-			} else if _, ok := names[r.Domain+"\x00"+name]; !ok {
+			case slices.Contains(r.Replaces[:i], name):
+				d.errf(join(r.Path, "rate_limit.replaces"), nil, "%q listed twice", name)
+			case byName[r.Domain+"\x00"+name] == nil:
 				d.errf(join(r.Path, "rate_limit.replaces"), nil, "no rule named %q in domain %q", name, r.Domain)
 			}
+		}
+	}
+	// A cycle (a replaces b replaces a) would drop every limit of a request
+	// matching both: refuse it.
+	for _, r := range p.rules {
+		if r.Name != "" && replacesReach(byName, r, r.Name, map[*Rule]bool{}) {
+			d.errf(join(r.Path, "rate_limit.replaces"), nil, "replaces cycle through %q: a request matching them all would be limited by none", r.Name)
 		}
 	}
 	canon, err := json.Marshal(pf)
@@ -493,6 +511,26 @@ func (d *decoder) build(pf *policyFile) *Policy {
 	sum := sha256.Sum256(canon)
 	p.version = hex.EncodeToString(sum[:8])
 	return p
+}
+
+// replacesReach reports whether name is reachable from r's replaces.
+func replacesReach(byName map[string]*Rule, r *Rule, name string, seen map[*Rule]bool) bool {
+	if seen[r] {
+		return false
+	}
+	seen[r] = true
+	for _, n := range r.Replaces {
+		if n == name && n != r.Name {
+			return true
+		}
+		if n == name {
+			continue // replacing itself is reported on its own
+		}
+		if next := byName[r.Domain+"\x00"+n]; next != nil && replacesReach(byName, next, name, seen) {
+			return true
+		}
+	}
+	return false
 }
 
 // level builds one depth of the tree. keys lists the descriptor keys on the
@@ -597,7 +635,7 @@ func (d *decoder) rule(p *Policy, dom *domain, fm FailureMode, dp string, df *de
 			strings.Join(rebalance.StrategyNames(), ", "))
 	}
 	if rf.Unlimited {
-		if rf.Unit != "" || rf.Period != "" || rf.RequestsPerUnit != 0 || rf.Burst != 0 {
+		if rf.Unit != "" || rf.Period != "" || rf.RequestsPerUnit != 0 || rf.burstSet {
 			d.errf(rp, nil, "unlimited with unit, period, requests_per_unit or burst: choose one")
 		}
 		p.rules = append(p.rules, r)
@@ -629,10 +667,10 @@ func (d *decoder) rule(p *Policy, dom *domain, fm FailureMode, dp string, df *de
 	if rf.RequestsPerUnit <= 0 {
 		d.errf(join(rp, "requests_per_unit"), nil, "%d: must be at least 1", rf.RequestsPerUnit)
 	}
-	if rf.Burst < 0 {
+	if rf.burstSet && rf.Burst < 1 {
 		d.errf(join(rp, "burst"), nil, "%d: must be at least 1 (omit it for the default)", rf.Burst)
 	}
-	if period > 0 && rf.RequestsPerUnit > 0 && rf.Burst >= 0 {
+	if period > 0 && rf.RequestsPerUnit > 0 && (!rf.burstSet || rf.Burst >= 1) {
 		burst := rf.Burst
 		if burst == 0 {
 			burst = DefaultBurst(rf.RequestsPerUnit, period)
