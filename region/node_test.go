@@ -587,3 +587,9 @@ func TestNodeReportNamesTableInForce(t *testing.T) {
 		}
 	}
 }
+
+// Both stores satisfy the interface the Node declares.
+var (
+	_ Store = (*memstore.Store)(nil)
+	_ Store = (*redisstore.Store)(nil)
+)
