@@ -525,6 +525,10 @@ func (c *Coordinator) Tick(now int64) {
 		c.cur, c.target = c.target, nil
 		c.transition = false
 		c.publish(now, now, c.cur)
+		// The next rebalance waits for the increase to be in force: a
+		// table issued before then would supersede it while pending, and
+		// with Fence ≥ Δ increases would never land.
+		c.next = max(c.next, c.fence)
 	}
 	if now < c.next {
 		return

@@ -943,3 +943,43 @@ func TestDemandSumOrderFixed(t *testing.T) {
 		}
 	}
 }
+
+// With a fence longer than Δ, the increase of a transition must still land:
+// the next rebalance waits for it instead of superseding it while pending
+// (found by the simulator: at Δ = 1 s and the default 2 s fence, increases
+// never came into force and shares stayed at the decreases). Demand moves a
+// little every interval, as measured demand does, so every rebalance
+// changes the shares.
+func TestIncreaseLandsWhenFenceExceedsInterval(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	cfg.Fence = 3 * time.Second
+	c := started(t, cfg, budget("k"))
+	var latest, inForce *Table
+	for now := int64(0); now <= 30*sec; now += 100_000 {
+		if now%sec == 0 && now >= sec {
+			i := now/sec - 1
+			observe(t, c, "a", "a1", i, now, map[string]int64{"k": 900 + 40*(i%2)})
+			observe(t, c, "b", "b1", i, now, map[string]int64{"k": 100 - 40*(i%2)})
+		}
+		c.Tick(now)
+		for _, tb := range take(c) {
+			latest = tb // an agent applies the newest table; it supersedes pending ones
+		}
+		if latest != nil && latest.Effective <= now && latest != inForce {
+			inForce = latest
+			for _, r := range []string{"a", "b"} {
+				if err := c.Ack(r, r+"1", inForce.Term, inForce.Epoch); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	// Effective times must not run away from the clock: the newest table
+	// is in force within Δ + Fence, and the one in force is recent.
+	if latest.Effective > 30*sec+4*sec || inForce.Issued < 25*sec {
+		t.Errorf("newest table effective at %dµs, the one in force issued at %dµs: increases never land", latest.Effective, inForce.Issued)
+	}
+	if got := sharesOf(inForce, "k"); got[0] < 800_000 {
+		t.Errorf("shares in force after 30 s: %v, want a's above 800000 (it offers 90 %%)", got)
+	}
+}

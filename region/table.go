@@ -184,6 +184,18 @@ func (n *Node) lapse(now int64) {
 	n.snap.Store(&s)
 }
 
+// InForce returns the table in force at now (µs): the newest applied one
+// whose effective time has passed, else the one before it (0, 0 for
+// none). Reports carry it, and an agent acknowledges it to the coordinator.
+// Call it on the Tick/Apply goroutine.
+func (n *Node) InForce(now int64) (term, epoch uint64) {
+	s := n.snap.Load()
+	if now < s.effective {
+		return s.prevTerm, s.prevEpoch
+	}
+	return s.term, s.epoch
+}
+
 // Tick closes the report interval if now (µs) has left it and returns this
 // agent's demand report for it (nil otherwise), naming the table in force
 // (the newest applied one whose effective time has passed; 0/0 for none),
@@ -207,13 +219,10 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 		return nil
 	}
 	n.open = idx
+	// The coordinator reads the report's epoch as "in force here".
+	term, epoch := n.InForce(now)
 	rep := &rebalance.Report{Region: n.cfg.Region, Agent: n.cfg.Agent, Interval: idx - 1,
-		Term: s.term, Epoch: s.epoch, PolicyVersion: s.policy.Version()}
-	if now < s.effective {
-		// The coordinator reads the epoch as "in force" (its effective time
-		// passed here): until then, name the table that is.
-		rep.Term, rep.Epoch = s.prevTerm, s.prevEpoch
-	}
+		Term: term, Epoch: epoch, PolicyVersion: s.policy.Version()}
 	n.localMu.Lock() // e.local; lock order: localMu, then shards
 	defer n.localMu.Unlock()
 	for i := range n.keys.shards {
