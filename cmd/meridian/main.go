@@ -27,6 +27,7 @@ type command struct {
 var commands = []command{
 	{"gcra", "print the decision trace of a GCRA limit for a pattern of arrivals", runGCRA},
 	{"bench", "benchmarks: `bench redis` compares the Redis store with redis_rate and a plain EVALSHA", runBench},
+	{"sim", "simulate a scenario for every strategy and interval against the ideal global limiter", runSim},
 	{"version", "print the version", runVersion},
 }
 

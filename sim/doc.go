@@ -1,0 +1,35 @@
+// Package sim is the discrete-event simulator operators use to choose a
+// share strategy and a rebalance interval. It runs the real code — per
+// region region.Nodes on gcra/memstore under a virtual clock, the real
+// rebalance coordinator (strategies, leases, acknowledgements, terms,
+// learning mode) — and simulates only the links and faults: per region
+// pair one-way latency with jitter and loss, partitions, region loss,
+// coordinator failover, Redis outages (exercising the failure modes) and
+// clock skew. Nothing here decides, shares, leases or rebalances on its
+// own.
+//
+// The yardstick is the oracle: one GCRA with each key's full budget seeing
+// every request at its arrival time. Metrics follow ARCHITECTURE.md ("The
+// simulator's yardstick"): OA and UA over 1 s and 10 s windows, OA_budget
+// from a conformance meter, the peak ratio P, fairness relative to the
+// oracle, convergence after a scripted shift, control cost and per-request
+// disagreement, summarized per strategy × interval across keys
+// (demand-weighted mean, p50, p99, max) and across seeds (mean and 95 %
+// interval).
+//
+// Baselines beside Meridian's strategies: full (Kong's local policy) and
+// static (Envoy's local_cluster_rate_limit) and Doorman's two algorithms
+// are rebalance strategies; replicated-counter is modelled here (it is not
+// a Meridian strategy): each region admits against its own view of one
+// global GCRA and learns the other regions' admissions every Sync (100 ms
+// by default) — gubernator's GLOBAL behaviour and Upstash's multi-region
+// limiter, at their best (the sync itself is instant).
+//
+// A run is deterministic: one seeded PCG drives arrivals, regions, costs,
+// jitter and loss, events tie-break in the order they were scheduled, and
+// every sum runs in key order, so the same scenario and seed give
+// byte-identical JSON whatever the number of workers. Memory is per key
+// and per key-region (streaming window counters), never per request.
+//
+// Control bytes are estimates (BytesEstimated) until gossip/wire exists.
+package sim

@@ -1,0 +1,920 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/gcra/memstore"
+	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/region"
+)
+
+// Event kinds.
+const (
+	evArrival = iota
+	evRetry
+	evAgentTick
+	evCoordTick
+	evReport
+	evAck
+	evTable
+	evSync
+	evFailoverDown
+	evFailoverUp
+	evSwitch // on/off spell boundary of a key
+	evTrace  // the next line of a replayed trace
+	evSample // per-second sample of the top keys' shares
+)
+
+// event is one thing that happens at t. seq breaks ties in the order
+// events were scheduled, so runs are deterministic.
+type event struct {
+	t    int64
+	seq  uint64
+	kind uint8
+	a, b int32 // kind-specific: key, region, agent
+	c    int64 // kind-specific: cost, attempt
+	msg  any   // report or table
+}
+
+// eventHeap is a binary min-heap on (t, seq), typed to avoid interface
+// calls on the hot path.
+type eventHeap []event
+
+func (h *eventHeap) push(e event) {
+	*h = append(*h, e)
+	q := *h
+	i := len(q) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !q[i].before(&q[p]) {
+			break
+		}
+		q[i], q[p] = q[p], q[i]
+		i = p
+	}
+}
+
+func (e *event) before(o *event) bool { return e.t < o.t || (e.t == o.t && e.seq < o.seq) }
+
+func (h *eventHeap) pop() event {
+	q := *h
+	top := q[0]
+	n := len(q) - 1
+	q[0] = q[n]
+	q[n] = event{}
+	q = q[:n]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && q[r].before(&q[l]) {
+			m = r
+		}
+		if !q[m].before(&q[i]) {
+			break
+		}
+		q[i], q[m] = q[m], q[i]
+		i = m
+	}
+	*h = q
+	return top
+}
+
+// key is one simulated key.
+type key struct {
+	name    string // region.KeyName
+	value   string // the descriptor value
+	budget  gcra.Limit
+	rate    float64   // offered requests/s in total
+	mix     []float64 // per region: part of the key's traffic (sums to 1)
+	lmax    float64   // thinning bound on the key's rate multiplier
+	on      bool
+	req     region.Request
+	rank    int // popularity rank (0 = most popular)
+	oracle  int64
+	rcTAT   []int64 // replicated-counter: per region local TAT
+	rcOut   []int64 // replicated-counter: [s·R+r] cost admitted in s not yet delivered to r
+	pending bool
+}
+
+// regionState is one simulated region: its store (one Redis), its agents.
+type regionState struct {
+	name   string
+	skew   int64
+	clock  int64 // the store's clock reading: set before every call
+	store  *memstore.Store
+	fail   failStore
+	nodes  []*region.Node
+	acked  [][2]uint64 // per agent: the (term, epoch) last acknowledged
+	down   bool
+	rr     int
+	weight float64
+}
+
+// failStore is the region's store as the Node sees it: the memstore, or
+// an error while the region's Redis is out.
+type failStore struct {
+	s    *memstore.Store
+	down bool
+}
+
+var errRedisDown = errors.New("sim: redis outage")
+
+func (f *failStore) DecideAll(ctx context.Context, c []gcra.Check, out []gcra.Result) (gcra.Result, error) {
+	if f.down {
+		return gcra.Result{}, errRedisDown
+	}
+	return f.s.DecideAll(ctx, c, out)
+}
+
+// Run is one simulation: one scenario, strategy, interval and seed.
+type Run struct {
+	sc       *Scenario
+	strategy string
+	interval int64 // µs
+	seed     uint64
+	rng      *rand.Rand
+
+	now     int64
+	seq     uint64
+	events  eventHeap
+	keys    []key
+	regions []*regionState
+	policy  *region.Policy
+	budgets []rebalance.Budget
+	rcfg    rebalance.Config
+
+	coord     *rebalance.Coordinator
+	coordUp   bool
+	coordIdx  int
+	term      uint64
+	stored    *rebalance.Table // the KV bucket's latest table
+	end       int64
+	warmup    int64
+	tickEvery int64
+
+	trace    *Trace
+	tr       *traceReader
+	traceLn  traceLine
+	traceErr error
+
+	m   *metrics
+	d   region.Decision
+	ctx context.Context
+	dec decisions
+}
+
+// decisions counts what the run decided.
+type decisions struct {
+	Requests, Admitted, Retries, Dropped int64
+	Reports, Tables, Acks, Lost          int64
+	ReportBytes, TableBytes, AckBytes    int64
+	Fallbacks                            int64
+}
+
+// NewRun prepares a run of sc under one strategy, interval and seed,
+// replaying trace instead of the scenario's workload when it is not nil.
+func NewRun(sc *Scenario, strategy string, interval time.Duration, seed uint64, trace *Trace) (*Run, error) {
+	r := &Run{sc: sc, strategy: strategy, interval: interval.Microseconds(), seed: seed, trace: trace,
+		rng: rand.New(rand.NewPCG(seed, 0x6d6572696469616e)), ctx: context.Background()}
+	r.end = sc.Duration.us()
+	if trace != nil {
+		r.end = (trace.end + 999_999) / 1_000_000 * 1_000_000
+	}
+	r.warmup = sc.Warmup.us()
+	r.tickEvery = min(r.interval/4, 250_000)
+	if err := r.buildKeys(); err != nil {
+		return nil, err
+	}
+	if err := r.buildRegions(); err != nil {
+		return nil, err
+	}
+	r.m = newMetrics(r)
+	return r, nil
+}
+
+// budgetFor turns a rate in requests/s into a budget with the scenario's
+// burst, in whole requests per minute or hour (so T keeps the rate within
+// the 1 % rounding rule).
+func budgetFor(rate, burstSeconds float64) (requests int64, period time.Duration, burst int64) {
+	period = time.Minute
+	requests = int64(math.Round(rate * 60))
+	if requests < 100 {
+		period = time.Hour
+		requests = max(1, int64(math.Round(rate*3600)))
+	}
+	burst = max(1, int64(math.Round(rate*burstSeconds)))
+	return requests, period, burst
+}
+
+func (r *Run) buildKeys() error {
+	sc := r.sc
+	n := sc.Keys.Count
+	if r.trace != nil {
+		n = len(r.trace.keys)
+	}
+	// Popularity: Zipf weights over ranks, the aggregate rate split by them.
+	w := make([]float64, n)
+	sum := 0.0
+	for i := range w {
+		w[i] = 1 / math.Pow(float64(i+1), sc.Keys.Zipf)
+		sum += w[i]
+	}
+	// Key-level randomness comes from its own stream so that the same
+	// scenario and seed give the same keys whatever the strategy.
+	krng := rand.New(rand.NewPCG(r.seed, 1))
+	mu := 0.0
+	if sc.Keys.Ratio == 0 {
+		mu = -sc.Keys.Sigma * normQuantile(1-sc.Keys.OverFraction)
+	}
+	regW := 0.0
+	for _, rg := range sc.Regions {
+		regW += rg.Weight
+	}
+	var pol strings.Builder
+	pol.WriteString("domains:\n  - domain: sim\n    descriptors:\n")
+	r.keys = make([]key, n)
+	for i := range r.keys {
+		k := &r.keys[i]
+		k.rank = i
+		k.rate = sc.Workload.Rate * w[i] / sum
+		k.value = fmt.Sprintf("key-%06d", i)
+		if r.trace != nil {
+			k.rate = float64(r.trace.offered[i]) / (float64(r.end) / 1e6)
+			k.value = r.trace.keys[i]
+		}
+		ratio := sc.Keys.Ratio
+		if ratio == 0 {
+			ratio = math.Exp(mu + sc.Keys.Sigma*krng.NormFloat64())
+		}
+		budgetRate := k.rate / ratio
+		reqs, period, burst := budgetFor(max(budgetRate, 1.0/3600), sc.Keys.Burst)
+		k.name = region.KeyName("sim", []region.Entry{{Key: "k", Value: k.value}})
+		fmt.Fprintf(&pol, "      - {key: k, value: %q, rate_limit: {period: %s, requests_per_unit: %d, burst: %d, failure_mode: %s}}\n",
+			k.value, period, reqs, burst, sc.FailureMode)
+		// Region mix: home share plus the rest by weight.
+		home := pickWeighted(krng, sc.Regions)
+		k.mix = make([]float64, len(sc.Regions))
+		for j, rg := range sc.Regions {
+			k.mix[j] = (1 - sc.Keys.HomeFraction) * rg.Weight / regW
+		}
+		k.mix[home] += sc.Keys.HomeFraction
+		k.on = true
+		k.req = region.Request{Domain: "sim", Cost: 1,
+			Descriptors: []region.Descriptor{{Entries: []region.Entry{{Key: "k", Value: k.value}}}}}
+	}
+	p, err := region.ParsePolicy([]byte(pol.String()))
+	if err != nil {
+		return fmt.Errorf("sim: build the policy: %w", err)
+	}
+	r.policy = p
+	r.budgets = make([]rebalance.Budget, n)
+	for i, rule := range p.Rules() {
+		r.keys[i].budget = rule.Limit
+		r.budgets[i] = rebalance.Budget{Key: r.keys[i].name, Limit: rule.Limit}
+	}
+	return nil
+}
+
+func pickWeighted(rng *rand.Rand, regions []RegionSpec) int {
+	total := 0.0
+	for _, r := range regions {
+		total += r.Weight
+	}
+	x := rng.Float64() * total
+	for i, r := range regions {
+		if x < r.Weight {
+			return i
+		}
+		x -= r.Weight
+	}
+	return len(regions) - 1
+}
+
+// normQuantile is Φ⁻¹(p) (Acklam's rational approximation, |error| < 1.2e-9).
+func normQuantile(p float64) float64 {
+	a := [6]float64{-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02, 1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00}
+	b := [5]float64{-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01, -1.328068155288572e+01}
+	c := [6]float64{-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00, -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00}
+	d := [4]float64{7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00}
+	const lo = 0.02425
+	switch {
+	case p < lo:
+		q := math.Sqrt(-2 * math.Log(p))
+		return (((((c[0]*q+c[1])*q+c[2])*q+c[3])*q+c[4])*q + c[5]) / ((((d[0]*q+d[1])*q+d[2])*q+d[3])*q + 1)
+	case p > 1-lo:
+		q := math.Sqrt(-2 * math.Log(1-p))
+		return -(((((c[0]*q+c[1])*q+c[2])*q+c[3])*q+c[4])*q + c[5]) / ((((d[0]*q+d[1])*q+d[2])*q+d[3])*q + 1)
+	}
+	q := p - 0.5
+	t := q * q
+	return (((((a[0]*t+a[1])*t+a[2])*t+a[3])*t+a[4])*t + a[5]) * q / (((((b[0]*t+b[1])*t+b[2])*t+b[3])*t+b[4])*t + 1)
+}
+
+func (r *Run) regionNames() []string {
+	out := make([]string, len(r.sc.Regions))
+	for i, rg := range r.sc.Regions {
+		out[i] = rg.Name
+	}
+	return out
+}
+
+func (r *Run) buildRegions() error {
+	names := r.regionNames()
+	cfg := rebalance.DefaultConfig(names...)
+	cfg.Interval = time.Duration(r.interval) * time.Microsecond
+	if r.sc.Lease > 0 {
+		cfg.Lease = r.sc.Lease.D()
+	}
+	if r.sc.MaxSkew > 0 {
+		cfg.MaxSkew = r.sc.MaxSkew.D()
+	}
+	if r.sc.Fence > 0 {
+		cfg.Fence = r.sc.Fence.D()
+	}
+	cfg.Strategy = r.strategy
+	if r.strategy == ReplicatedCounter {
+		cfg.Strategy = "static" // unused: the baseline has no coordinator
+	}
+	cfg.Params.AllowOvercommit = r.strategy == "full"
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	r.rcfg = cfg
+	for i, rg := range r.sc.Regions {
+		st := &regionState{name: rg.Name, skew: rg.ClockSkew.us(), weight: rg.Weight}
+		mcfg := memstore.DefaultConfig()
+		mcfg.Shards = 16
+		mcfg.Clock = func() int64 { return st.clock }
+		ms, err := memstore.New(mcfg)
+		if err != nil {
+			return err
+		}
+		st.store = ms
+		st.fail.s = ms
+		for a := range rg.Agents {
+			ncfg := region.DefaultConfig(rg.Name, fmt.Sprintf("%s-%d", rg.Name, a+1), names...)
+			ncfg.Interval = cfg.Interval
+			ncfg.Agents = rg.Agents
+			ncfg.SafeFraction = cfg.SafeFraction
+			n, err := region.NewNode(ncfg, r.policy, &st.fail)
+			if err != nil {
+				return err
+			}
+			st.nodes = append(st.nodes, n)
+			st.acked = append(st.acked, [2]uint64{})
+		}
+		r.regions = append(r.regions, st)
+		if rg.Name == r.sc.Coordinator.Region {
+			r.coordIdx = i
+		}
+	}
+	if r.strategy == ReplicatedCounter {
+		for i := range r.keys {
+			r.keys[i].rcTAT = make([]int64, len(r.regions))
+			r.keys[i].rcOut = make([]int64, len(r.regions)*len(r.regions))
+		}
+		return nil
+	}
+	return r.startCoordinator(0)
+}
+
+func (r *Run) startCoordinator(now int64) error {
+	c, err := rebalance.NewCoordinator(r.rcfg, r.budgets)
+	if err != nil {
+		return err
+	}
+	c.SetPolicyVersion(r.policy.Version())
+	r.term++
+	if err := c.StartTerm(r.term, r.stored, now); err != nil {
+		return err
+	}
+	var members []rebalance.Member
+	for _, rg := range r.regions {
+		for a := range rg.nodes {
+			members = append(members, rebalance.Member{Region: rg.name, Agent: fmt.Sprintf("%s-%d", rg.name, a+1)})
+		}
+	}
+	if err := c.MemberChange(members); err != nil {
+		return err
+	}
+	r.coord, r.coordUp = c, true
+	r.publish()
+	return nil
+}
+
+func (r *Run) schedule(e event) {
+	r.seq++
+	e.seq = r.seq
+	r.events.push(e)
+}
+
+// Simulate runs to the end and returns the result.
+func (r *Run) Simulate() (*Result, error) {
+	if r.trace != nil {
+		tr, err := r.trace.open()
+		if err != nil {
+			return nil, err
+		}
+		defer tr.close()
+		r.tr = tr
+		r.readTrace()
+	}
+	r.schedule(event{t: 1_000_000, kind: evSample})
+	// Arrivals: one thinned Poisson stream per key.
+	for i := range r.keys {
+		if r.trace != nil {
+			break
+		}
+		r.keys[i].lmax = r.maxMultiplier(i)
+		r.nextArrival(i, 0)
+		if o := r.sc.Workload.OnOff; o != nil {
+			r.keys[i].on = r.rng.Float64() < float64(o.MeanOn)/float64(o.MeanOn+o.MeanOff)
+			r.schedule(event{t: r.spell(r.keys[i].on), kind: evSwitch, a: int32(i)})
+		}
+	}
+	for ri, rg := range r.regions {
+		for a := range rg.nodes {
+			r.schedule(event{t: 0, kind: evAgentTick, a: int32(ri), b: int32(a)})
+		}
+	}
+	if r.strategy == ReplicatedCounter {
+		r.schedule(event{t: r.sc.Sync.us(), kind: evSync})
+	} else {
+		r.schedule(event{t: r.interval, kind: evCoordTick})
+	}
+	for _, f := range r.sc.Coordinator.Failovers {
+		r.schedule(event{t: f.At.us(), kind: evFailoverDown})
+		r.schedule(event{t: (f.At + f.For).us(), kind: evFailoverUp})
+	}
+	for len(r.events) > 0 {
+		e := r.events.pop()
+		if e.t >= r.end {
+			break
+		}
+		r.now = e.t
+		r.m.advance(e.t)
+		if err := r.handle(&e); err != nil {
+			return nil, err
+		}
+	}
+	r.m.advance(r.end)
+	if r.tr != nil && r.traceErr != nil {
+		return nil, r.traceErr
+	}
+	return r.result(), nil
+}
+
+// readTrace schedules the trace's next line.
+func (r *Run) readTrace() {
+	ln, ok, err := r.tr.p.next()
+	if err != nil {
+		r.traceErr = err // the file changed since it was validated
+		return
+	}
+	if ok && ln.ts < r.end {
+		r.traceLn = ln
+		r.schedule(event{t: ln.ts, kind: evTrace})
+	}
+}
+
+// spell draws the length of an on (or off) spell: Pareto with the
+// configured shape and mean.
+func (r *Run) spell(on bool) int64 {
+	o := r.sc.Workload.OnOff
+	mean := o.MeanOff.us()
+	if on {
+		mean = o.MeanOn.us()
+	}
+	xm := float64(mean) * (o.Alpha - 1) / o.Alpha
+	u := 1 - r.rng.Float64()
+	return r.now + max(1, int64(xm/math.Pow(u, 1/o.Alpha)))
+}
+
+// multiplier is key i's traffic multiplier in region ri at t (true time).
+func (r *Run) multiplier(i, ri int, t int64) float64 {
+	m := 1.0
+	w := &r.sc.Workload
+	if f := w.FollowTheSun; f != nil {
+		phase := 2 * math.Pi * float64(ri) / float64(len(r.regions))
+		m *= 1 + f.Amplitude*math.Sin(2*math.Pi*float64(t)/float64(f.Period.us())+phase)
+	}
+	for _, fl := range w.Flash {
+		if r.keys[i].rank < fl.Keys && r.regions[ri].name == fl.Region && t >= fl.At.us() && t < (fl.At+fl.For).us() {
+			m *= fl.Factor
+		}
+	}
+	return m
+}
+
+// maxMultiplier bounds Σ_r mix_r · multiplier_r for thinning.
+func (r *Run) maxMultiplier(i int) float64 {
+	w := &r.sc.Workload
+	m := 1.0
+	if f := w.FollowTheSun; f != nil {
+		m *= 1 + f.Amplitude
+	}
+	for _, fl := range w.Flash {
+		if r.keys[i].rank < fl.Keys {
+			m *= max(1, fl.Factor)
+		}
+	}
+	return m
+}
+
+// nextArrival schedules key i's next candidate arrival after t.
+func (r *Run) nextArrival(i int, t int64) {
+	k := &r.keys[i]
+	rate := k.rate * k.lmax / 1e6 // per µs
+	gap := r.rng.ExpFloat64() / rate
+	if gap > float64(r.end) {
+		return
+	}
+	next := t + max(1, int64(gap))
+	if next < r.end {
+		r.schedule(event{t: next, kind: evArrival, a: int32(i)})
+	}
+}
+
+func (r *Run) handle(e *event) error {
+	switch e.kind {
+	case evArrival:
+		i := int(e.a)
+		r.nextArrival(i, e.t)
+		k := &r.keys[i]
+		if !k.on {
+			return nil
+		}
+		// Thinning: accept with Σ mix·mult / lmax, and pick the region.
+		var wa [16]float64
+		ws := wa[:0]
+		total := 0.0
+		for ri := range r.regions {
+			w := k.mix[ri] * r.multiplier(i, ri, e.t)
+			ws = append(ws, w)
+			total += w
+		}
+		if r.rng.Float64()*k.lmax >= total {
+			return nil
+		}
+		x := r.rng.Float64() * total
+		ri := len(ws) - 1
+		for j, w := range ws {
+			if x < w {
+				ri = j
+				break
+			}
+			x -= w
+		}
+		r.arrive(i, r.route(ri, e.t), r.cost(), 0)
+	case evTrace:
+		ln := r.traceLn
+		r.readTrace()
+		r.arrive(r.trace.index[ln.key], r.route(ln.region, e.t), ln.cost, 0)
+	case evSample:
+		r.sample()
+		r.schedule(event{t: e.t + 1_000_000, kind: evSample})
+	case evRetry:
+		r.dec.Retries++
+		r.arrive(int(e.a), int(e.b), e.c>>8, int(e.c&0xff))
+	case evSwitch:
+		k := &r.keys[e.a]
+		k.on = !k.on
+		r.schedule(event{t: r.spell(k.on), kind: evSwitch, a: e.a})
+	case evAgentTick:
+		r.agentTick(int(e.a), int(e.b))
+		r.schedule(event{t: e.t + r.tickEvery, kind: evAgentTick, a: e.a, b: e.b})
+	case evCoordTick:
+		if r.coordUp {
+			r.coord.Tick(r.coordNow())
+			r.publish()
+		}
+		r.schedule(event{t: e.t + r.interval, kind: evCoordTick})
+	case evReport:
+		if r.coordUp {
+			_ = r.coord.Observe(e.msg.(*rebalance.Report), r.coordNow())
+		}
+	case evAck:
+		if r.coordUp {
+			rg := r.regions[e.a]
+			tv := e.msg.([2]uint64)
+			_ = r.coord.Ack(rg.name, fmt.Sprintf("%s-%d", rg.name, e.b+1), tv[0], tv[1])
+		}
+	case evTable:
+		rg := r.regions[e.a]
+		if rg.down {
+			return nil
+		}
+		t := e.msg.(*rebalance.Table)
+		for _, n := range rg.nodes {
+			if err := n.Apply(t, e.t+rg.skew); err != nil && !errors.Is(err, region.ErrStaleTable) {
+				return fmt.Errorf("sim: apply table: %w", err)
+			}
+		}
+	case evSync:
+		r.sync()
+		r.schedule(event{t: e.t + r.sc.Sync.us(), kind: evSync})
+	case evFailoverDown:
+		r.coordUp = false
+	case evFailoverUp:
+		if err := r.startCoordinator(r.coordNow()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Run) coordNow() int64 { return r.now + r.regions[r.coordIdx].skew }
+
+// route applies traffic moves: traffic offered in region ri at t arrives in
+// the region it moved to.
+func (r *Run) route(ri int, t int64) int {
+	for _, m := range r.sc.Workload.Moves {
+		if t >= m.At.us() && r.regions[ri].name == m.From {
+			ri = slices.IndexFunc(r.regions, func(g *regionState) bool { return g.name == m.To })
+		}
+	}
+	return ri
+}
+
+func (r *Run) cost() int64 {
+	a := r.sc.Workload.CostPareto
+	if a == 0 {
+		return 1
+	}
+	u := 1 - r.rng.Float64()
+	return min(r.sc.Workload.CostMax, int64(math.Pow(u, -1/a)))
+}
+
+// inWindow reports whether t is in one of the spells.
+func inSpell(t int64, at, dur Duration) bool { return t >= at.us() && t < (at+dur).us() }
+
+func (r *Run) regionDown(ri int, t int64) bool {
+	for _, f := range r.sc.Faults.RegionLoss {
+		if f.Region == r.regions[ri].name && inSpell(t, f.At, f.For) {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Run) redisDown(ri int, t int64) bool {
+	for _, f := range r.sc.Faults.RedisOutage {
+		if f.Region == r.regions[ri].name && inSpell(t, f.At, f.For) {
+			return true
+		}
+	}
+	return false
+}
+
+// arrive decides one request of key i in region ri, and the oracle with it.
+func (r *Run) arrive(i, ri int, cost int64, attempt int) {
+	rg := r.regions[ri]
+	if r.regionDown(ri, r.now) {
+		r.dec.Dropped++
+		return
+	}
+	k := &r.keys[i]
+	r.dec.Requests++
+	// The oracle: one GCRA with the full budget, at true time.
+	next, or, _ := gcra.Allow(k.budget, k.oracle, r.now, cost)
+	if or.Allowed {
+		k.oracle = next
+	}
+	var allowed bool
+	var retryAfter time.Duration
+	if r.strategy == ReplicatedCounter {
+		allowed, retryAfter = r.rcDecide(k, ri, cost)
+	} else {
+		rg.clock = r.now + rg.skew
+		rg.fail.down = r.redisDown(ri, r.now)
+		n := rg.nodes[rg.rr%len(rg.nodes)]
+		rg.rr++
+		k.req.Cost = cost
+		if err := n.Decide(r.ctx, rg.clock, &k.req, &r.d); err != nil {
+			panic(fmt.Sprintf("sim: decide %s: %v", k.name, err)) // the simulator built the request: a bug
+		}
+		allowed, retryAfter = r.d.Allowed, r.d.Result.RetryAfter
+		if r.d.Fallback {
+			r.dec.Fallbacks++
+		}
+	}
+	if allowed {
+		r.dec.Admitted++
+	}
+	r.m.record(i, ri, cost, allowed, or.Allowed, r.now)
+	if rs := r.sc.Workload.Retry; rs != nil && !allowed && attempt < rs.Max && retryAfter != gcra.Never {
+		wait := max(retryAfter, time.Millisecond)
+		wait += time.Duration(r.rng.Float64() * rs.Jitter * float64(wait))
+		r.schedule(event{t: r.now + wait.Microseconds(), kind: evRetry, a: int32(i), b: int32(ri), c: cost<<8 | int64(attempt+1)})
+	}
+}
+
+// rcDecide is the replicated-counter baseline: each region admits against
+// its local view of the global GCRA, which learns the other regions'
+// admissions every Sync.
+func (r *Run) rcDecide(k *key, ri int, cost int64) (bool, time.Duration) {
+	next, res, _ := gcra.Allow(k.budget, k.rcTAT[ri], r.now, cost)
+	if res.Allowed {
+		k.rcTAT[ri] = next
+		R := len(r.regions)
+		for o := range R {
+			if o != ri {
+				k.rcOut[ri*R+o] += cost
+			}
+		}
+		k.pending = true
+	}
+	return res.Allowed, res.RetryAfter
+}
+
+// sync sends every region's admissions not yet delivered to each other
+// region whose link is up (at the sync boundary, without latency: the
+// baseline's best case); what a partition holds back goes at the first
+// sync after it heals.
+func (r *Run) sync() {
+	R := len(r.regions)
+	up := make([]bool, R*R)
+	for s := range R {
+		for o := range R {
+			if s != o {
+				_, lost := r.link(s, o)
+				up[s*R+o] = !lost
+			}
+		}
+	}
+	r.dec.Reports += int64(R * (R - 1))
+	for i := range r.keys {
+		k := &r.keys[i]
+		if !k.pending {
+			continue
+		}
+		t := k.budget.IntervalMicros()
+		k.pending = false
+		for s := range R {
+			for o := range R {
+				out := k.rcOut[s*R+o]
+				if out == 0 {
+					continue
+				}
+				if !up[s*R+o] {
+					k.pending = true
+					continue
+				}
+				k.rcTAT[o] = max(k.rcTAT[o], r.now) + out*t
+				k.rcOut[s*R+o] = 0
+				r.dec.ReportBytes += int64(len(k.name) + 8)
+			}
+		}
+	}
+}
+
+// sample records, for each top key, the share of its budget each region
+// runs at now (its regional rate in force ÷ the budget's rate).
+func (r *Run) sample() {
+	sec := int(r.now / 1_000_000)
+	for _, i := range r.m.top {
+		s := r.m.series[i]
+		k := &r.keys[i]
+		for ri, rg := range r.regions {
+			share := 1.0
+			if r.strategy != ReplicatedCounter {
+				var d region.Decision
+				if err := rg.nodes[0].Resolve(&k.req, &d); err == nil && len(d.Matches) == 1 {
+					sch := &d.Matches[0].Schedule
+					l := sch.Current.Limit
+					if sch.HasPrevious && r.now+rg.skew < sch.Current.Effective {
+						l = sch.Previous.Limit
+					}
+					share = 0
+					if !l.IsZero() {
+						share = float64(k.budget.IntervalMicros()) / float64(l.IntervalMicros())
+					}
+				}
+			}
+			if sec < len(s.Shares[ri]) {
+				s.Shares[ri][sec] = share
+			}
+		}
+	}
+}
+
+// link returns the one-way delay from region a to b at t, and whether the
+// message is lost.
+func (r *Run) link(a, b int) (int64, bool) {
+	if a == b {
+		return 0, false
+	}
+	l := r.sc.Latency
+	for _, o := range r.sc.Links {
+		if (o.From == r.regions[a].name && o.To == r.regions[b].name) || (o.From == r.regions[b].name && o.To == r.regions[a].name) {
+			l = o
+		}
+	}
+	for _, p := range r.sc.Faults.Partitions {
+		if inSpell(r.now, p.At, p.For) && slices.Contains(p.Side, r.regions[a].name) != slices.Contains(p.Side, r.regions[b].name) {
+			return 0, true
+		}
+	}
+	if r.regionDown(a, r.now) || r.regionDown(b, r.now) {
+		return 0, true
+	}
+	if l.Loss > 0 && r.rng.Float64() < l.Loss {
+		return 0, true
+	}
+	d := l.Mean.us()
+	if j := l.Jitter.us(); j > 0 {
+		d += r.rng.Int64N(2*j+1) - j
+	}
+	return d, false
+}
+
+// agentTick runs one agent's loop: report, acknowledge the table in force.
+func (r *Run) agentTick(ri, a int) {
+	rg := r.regions[ri]
+	if r.regionDown(ri, r.now) {
+		return
+	}
+	n := rg.nodes[a]
+	local := r.now + rg.skew
+	if rep := n.Tick(local); rep != nil && r.strategy != ReplicatedCounter {
+		r.send(ri, evReport, int32(ri), int32(a), rep, reportBytes(rep))
+	}
+	if r.strategy == ReplicatedCounter {
+		return
+	}
+	term, epoch := n.InForce(local)
+	if tv := [2]uint64{term, epoch}; tv != rg.acked[a] && term > 0 {
+		rg.acked[a] = tv
+		r.send(ri, evAck, int32(ri), int32(a), tv, ackBytes)
+	}
+}
+
+// send delivers a message from region ri to the coordinator.
+func (r *Run) send(ri int, kind uint8, a, b int32, msg any, bytes int) {
+	switch kind {
+	case evReport:
+		r.dec.Reports++
+		r.dec.ReportBytes += int64(bytes)
+	case evAck:
+		r.dec.Acks++
+		r.dec.AckBytes += int64(bytes)
+	}
+	d, lost := r.link(ri, r.coordIdx)
+	if lost || !r.coordUp {
+		r.dec.Lost++
+		return
+	}
+	r.schedule(event{t: r.now + d, kind: kind, a: a, b: b, msg: msg})
+}
+
+// publish stores and sends the coordinator's ready tables.
+func (r *Run) publish() {
+	for _, t := range r.coord.Ready() {
+		r.stored = t // compare-and-set into the KV bucket, then publish
+		for ri := range r.regions {
+			r.dec.Tables++
+			r.dec.TableBytes += int64(tableBytes(t))
+			d, lost := r.link(r.coordIdx, ri)
+			if lost {
+				r.dec.Lost++
+				continue
+			}
+			r.schedule(event{t: r.now + d, kind: evTable, a: int32(ri), msg: t})
+		}
+	}
+	r.coord.Advance()
+}
+
+// Byte estimates for the control traffic, until gossip/wire exists: labelled
+// as estimates in every report. A header of 64 bytes; per report key its
+// name and four varints (~4 bytes each); per table key its name, a varint
+// version, and 3 bytes per region's share.
+const ackBytes = 48
+
+func reportBytes(rep *rebalance.Report) int {
+	n := 64
+	for _, k := range rep.Keys {
+		n += len(k.Key) + 16
+	}
+	return n
+}
+
+func tableBytes(t *rebalance.Table) int {
+	n := 64 + 12*len(t.Regions)
+	for _, k := range t.Keys {
+		n += len(k.Key) + 4 + 3*len(k.Shares)
+	}
+	return n
+}

@@ -1,0 +1,527 @@
+package sim
+
+import (
+	"bytes"
+	"embed"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/meridian-quota/meridian/rebalance"
+)
+
+// Duration is a time.Duration written in YAML as a Go duration string.
+type Duration time.Duration
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: want a duration like 250ms, got %q", n.Line, n.Value)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration: %v", n.Line, s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML implements yaml.Marshaler.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d Duration) us() int64 { return int64(time.Duration(d) / time.Microsecond) }
+
+// Scenario is one simulation set-up: regions and links, keys and budgets,
+// workload, faults, and what to sweep (strategies × intervals × seeds).
+// Every knob is here, so a scenario file and its seeds reproduce a report
+// byte for byte.
+type Scenario struct {
+	Name        string   `yaml:"name"`
+	Description string   `yaml:"description"`
+	Duration    Duration `yaml:"duration"`
+	// Warmup is excluded from every metric.
+	Warmup Duration `yaml:"warmup"`
+	// Seeds lists the seeds to run (each a full run per strategy and
+	// interval).
+	Seeds []uint64 `yaml:"seeds"`
+
+	Regions []RegionSpec `yaml:"regions"`
+	// Latency is the default one-way link between two regions; Links
+	// overrides pairs (both directions).
+	Latency     LinkSpec   `yaml:"latency"`
+	Links       []LinkSpec `yaml:"links"`
+	Coordinator CoordSpec  `yaml:"coordinator"`
+
+	Keys     KeysSpec     `yaml:"keys"`
+	Workload WorkloadSpec `yaml:"workload"`
+	Faults   FaultsSpec   `yaml:"faults"`
+
+	// Strategies lists the Meridian strategies and baselines to compare
+	// (rebalance.StrategyNames plus "replicated-counter").
+	Strategies []string `yaml:"strategies"`
+	// Intervals lists the rebalance intervals Δ to compare.
+	Intervals []Duration `yaml:"intervals"`
+	// FailureMode is every limit's failure_mode (open, closed, local).
+	FailureMode string `yaml:"failure_mode"`
+	// Sync is the replicated-counter baseline's synchronisation interval.
+	Sync Duration `yaml:"sync"`
+	// Lease, MaxSkew and Fence configure the coordinator (0: its defaults).
+	Lease   Duration `yaml:"lease"`
+	MaxSkew Duration `yaml:"max_skew"`
+	Fence   Duration `yaml:"fence"`
+	// Shift is the time of the scripted shift convergence is measured from
+	// (0: none).
+	Shift Duration `yaml:"shift"`
+}
+
+// RegionSpec is one region.
+type RegionSpec struct {
+	Name string `yaml:"name"`
+	// Agents is the number of agents in the region (each its own Node on
+	// the region's store).
+	Agents int `yaml:"agents"`
+	// ClockSkew is this region's clock offset from true time.
+	ClockSkew Duration `yaml:"clock_skew"`
+	// Weight is the region's part of the traffic that is not a key's home
+	// traffic, and its chance to be a key's home (relative; default 1).
+	Weight float64 `yaml:"weight"`
+}
+
+// LinkSpec is a one-way link: mean latency, uniform jitter (±), loss.
+type LinkSpec struct {
+	From   string   `yaml:"from"`
+	To     string   `yaml:"to"`
+	Mean   Duration `yaml:"mean"`
+	Jitter Duration `yaml:"jitter"`
+	Loss   float64  `yaml:"loss"`
+}
+
+// CoordSpec places the coordinator and its failovers.
+type CoordSpec struct {
+	Region    string       `yaml:"region"`
+	Failovers []FaultSpell `yaml:"failovers"`
+}
+
+// KeysSpec describes the keys and their budgets.
+type KeysSpec struct {
+	Count int `yaml:"count"`
+	// Zipf is the exponent s of key popularity (0: uniform).
+	Zipf float64 `yaml:"zipf"`
+	// DemandRatio: each key's offered rate ÷ budget rate is lognormal with
+	// Sigma, placed so that OverFraction of the keys are over budget.
+	// Ratio, when set, fixes the ratio for every key instead.
+	Sigma        float64 `yaml:"sigma"`
+	OverFraction float64 `yaml:"over_fraction"`
+	Ratio        float64 `yaml:"ratio"`
+	// Burst is each budget's burst in seconds of its rate (at least 1).
+	Burst float64 `yaml:"burst_seconds"`
+	// HomeFraction of a key's traffic comes from its home region; the rest
+	// is spread over the regions by weight.
+	HomeFraction float64 `yaml:"home_fraction"`
+}
+
+// WorkloadSpec describes the offered traffic.
+type WorkloadSpec struct {
+	// Rate is the aggregate offered requests/s across keys and regions.
+	Rate float64 `yaml:"rate"`
+	// Cost: 1 unless CostPareto (shape α > 1) gives heavy-tailed costs,
+	// capped at CostMax.
+	CostPareto float64 `yaml:"cost_pareto"`
+	CostMax    int64   `yaml:"cost_max"`
+	// FollowTheSun modulates each region's traffic with a sinusoid.
+	FollowTheSun *SunSpec `yaml:"follow_the_sun"`
+	// Flash multiplies some keys' traffic in one region for a while.
+	Flash []FlashSpec `yaml:"flash"`
+	// Moves send one region's traffic to another from a time on.
+	Moves []MoveSpec `yaml:"moves"`
+	// OnOff makes each key's traffic alternate between on and off spells
+	// with Pareto-distributed lengths.
+	OnOff *OnOffSpec `yaml:"on_off"`
+	// Retry makes denied clients retry after the returned retry-after.
+	Retry *RetrySpec `yaml:"retry"`
+}
+
+// SunSpec: region r's traffic is multiplied by 1 + Amplitude·sin(2π·t/Period + 2π·r/n).
+type SunSpec struct {
+	Period    Duration `yaml:"period"`
+	Amplitude float64  `yaml:"amplitude"`
+}
+
+// FlashSpec: the Keys most popular keys get Factor× traffic in Region
+// during [At, At+For).
+type FlashSpec struct {
+	Region string   `yaml:"region"`
+	At     Duration `yaml:"at"`
+	For    Duration `yaml:"for"`
+	Keys   int      `yaml:"keys"`
+	Factor float64  `yaml:"factor"`
+}
+
+// MoveSpec: from At on, traffic offered in From arrives in To.
+type MoveSpec struct {
+	From string   `yaml:"from"`
+	To   string   `yaml:"to"`
+	At   Duration `yaml:"at"`
+}
+
+// OnOffSpec: spells with Pareto lengths of shape Alpha and the given means.
+type OnOffSpec struct {
+	Alpha   float64  `yaml:"alpha"`
+	MeanOn  Duration `yaml:"mean_on"`
+	MeanOff Duration `yaml:"mean_off"`
+}
+
+// RetrySpec: a denied client retries after retry-after plus uniform jitter
+// of up to Jitter×retry-after, at most Max times.
+type RetrySpec struct {
+	Max    int     `yaml:"max"`
+	Jitter float64 `yaml:"jitter"`
+}
+
+// FaultsSpec lists faults in time windows.
+type FaultsSpec struct {
+	Partitions  []PartitionSpec `yaml:"partitions"`
+	RegionLoss  []RegionSpell   `yaml:"region_loss"`
+	RedisOutage []RegionSpell   `yaml:"redis_outage"`
+}
+
+// FaultSpell is a window [At, At+For).
+type FaultSpell struct {
+	At  Duration `yaml:"at"`
+	For Duration `yaml:"for"`
+}
+
+// PartitionSpec cuts every link between Side and the other regions.
+type PartitionSpec struct {
+	FaultSpell `yaml:",inline"`
+	Side       []string `yaml:"side"`
+}
+
+// RegionSpell is a fault of one region in a window.
+type RegionSpell struct {
+	FaultSpell `yaml:",inline"`
+	Region     string `yaml:"region"`
+}
+
+// ReplicatedCounter names the baseline that is not a Meridian strategy.
+const ReplicatedCounter = "replicated-counter"
+
+// ErrScenario wraps every scenario error.
+var ErrScenario = errors.New("sim: invalid scenario")
+
+// ParseScenario reads a YAML scenario, fills defaults and validates it,
+// reporting every problem at once. Unknown fields are errors.
+func ParseScenario(data []byte) (*Scenario, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var s Scenario
+	if err := dec.Decode(&s); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: empty file", ErrScenario)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrScenario, err)
+	}
+	s.defaults()
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+func (s *Scenario) defaults() {
+	if len(s.Seeds) == 0 {
+		s.Seeds = []uint64{1}
+	}
+	for i := range s.Regions {
+		if s.Regions[i].Agents == 0 {
+			s.Regions[i].Agents = 1
+		}
+		if s.Regions[i].Weight == 0 {
+			s.Regions[i].Weight = 1
+		}
+	}
+	if s.Coordinator.Region == "" && len(s.Regions) > 0 {
+		s.Coordinator.Region = s.Regions[0].Name
+	}
+	if s.Keys.Burst == 0 {
+		s.Keys.Burst = 1
+	}
+	if len(s.Strategies) == 0 {
+		s.Strategies = DefaultStrategies()
+	}
+	if len(s.Intervals) == 0 {
+		s.Intervals = []Duration{Duration(time.Second), Duration(2 * time.Second), Duration(5 * time.Second)}
+	}
+	if s.FailureMode == "" {
+		s.FailureMode = "closed"
+	}
+	if s.Sync == 0 {
+		s.Sync = Duration(100 * time.Millisecond)
+	}
+	if s.Workload.CostMax == 0 {
+		s.Workload.CostMax = 100
+	}
+}
+
+// DefaultStrategies is every Meridian strategy but home (one home region
+// for all keys is not a per-key model) and the baselines.
+func DefaultStrategies() []string {
+	return []string{"static", "proportional", "ewma", "maxmin", "doorman-proportional", "doorman-fair", "full", ReplicatedCounter}
+}
+
+// Validate reports every problem with s, each with its field path.
+func (s *Scenario) Validate() error {
+	var errs []error
+	bad := func(path, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...)))
+	}
+	if s.Duration <= 0 {
+		bad("duration", "%s: must be positive", s.Duration.D())
+	}
+	if s.Warmup < 0 || s.Warmup >= s.Duration {
+		bad("warmup", "%s: must be in [0, duration)", s.Warmup.D())
+	}
+	if s.Duration.D() > 7*24*time.Hour {
+		bad("duration", "%s: above a simulated week", s.Duration.D())
+	}
+	names := map[string]bool{}
+	if len(s.Regions) == 0 {
+		bad("regions", "empty: a scenario needs at least one region")
+	}
+	for i, r := range s.Regions {
+		p := fmt.Sprintf("regions[%d]", i)
+		switch {
+		case r.Name == "":
+			bad(p+".name", "empty")
+		case names[r.Name]:
+			bad(p+".name", "%q given twice", r.Name)
+		}
+		names[r.Name] = true
+		if r.Agents < 1 || r.Agents > 64 {
+			bad(p+".agents", "%d: must be in [1, 64]", r.Agents)
+		}
+		if !(r.Weight > 0) || math.IsInf(r.Weight, 0) {
+			bad(p+".weight", "%v: must be positive", r.Weight)
+		}
+		if d := r.ClockSkew.D(); d < -time.Minute || d > time.Minute {
+			bad(p+".clock_skew", "%s: outside ±1m", d)
+		}
+	}
+	region := func(path, name string) {
+		if !names[name] {
+			bad(path, "unknown region %q", name)
+		}
+	}
+	checkLink := func(p string, l LinkSpec) {
+		if l.Mean < 0 || l.Jitter < 0 {
+			bad(p, "negative latency or jitter")
+		}
+		if l.Jitter > l.Mean {
+			bad(p+".jitter", "%s above the mean %s: latencies would go negative", l.Jitter.D(), l.Mean.D())
+		}
+		if l.Mean.D() > time.Minute {
+			bad(p+".mean", "%s: above 1m", l.Mean.D())
+		}
+		if !(l.Loss >= 0 && l.Loss < 1) {
+			bad(p+".loss", "%v: must be in [0, 1)", l.Loss)
+		}
+	}
+	checkLink("latency", s.Latency)
+	for i, l := range s.Links {
+		p := fmt.Sprintf("links[%d]", i)
+		region(p+".from", l.From)
+		region(p+".to", l.To)
+		checkLink(p, l)
+	}
+	region("coordinator.region", s.Coordinator.Region)
+	for i, f := range s.Coordinator.Failovers {
+		s.checkSpell(&errs, fmt.Sprintf("coordinator.failovers[%d]", i), f)
+	}
+	k := &s.Keys
+	if k.Count < 1 || k.Count > 1_000_000 {
+		bad("keys.count", "%d: must be in [1, 1000000]", k.Count)
+	}
+	if k.Zipf < 0 || k.Zipf > 5 || math.IsNaN(k.Zipf) {
+		bad("keys.zipf", "%v: must be in [0, 5]", k.Zipf)
+	}
+	if k.Ratio < 0 || math.IsNaN(k.Ratio) || math.IsInf(k.Ratio, 0) {
+		bad("keys.ratio", "%v: must be positive (or 0 for the lognormal)", k.Ratio)
+	}
+	if k.Ratio == 0 {
+		if !(k.Sigma > 0 && k.Sigma <= 5) {
+			bad("keys.sigma", "%v: must be in (0, 5] (or set keys.ratio)", k.Sigma)
+		}
+		if !(k.OverFraction > 0 && k.OverFraction < 1) {
+			bad("keys.over_fraction", "%v: must be in (0, 1) (or set keys.ratio)", k.OverFraction)
+		}
+	}
+	if !(k.Burst >= 0.001 && k.Burst <= 3600) {
+		bad("keys.burst_seconds", "%v: must be in [0.001, 3600]", k.Burst)
+	}
+	if !(k.HomeFraction >= 0 && k.HomeFraction <= 1) {
+		bad("keys.home_fraction", "%v: must be in [0, 1]", k.HomeFraction)
+	}
+	w := &s.Workload
+	if !(w.Rate > 0) || math.IsInf(w.Rate, 0) || w.Rate > 10_000_000 {
+		bad("workload.rate", "%v: must be in (0, 1e7] requests/s", w.Rate)
+	}
+	if w.CostPareto != 0 && !(w.CostPareto > 1 && w.CostPareto < 10) {
+		bad("workload.cost_pareto", "%v: shape must be in (1, 10) (or 0 for cost 1)", w.CostPareto)
+	}
+	if w.CostMax < 1 || w.CostMax > 1<<20 {
+		bad("workload.cost_max", "%d: must be in [1, 2^20]", w.CostMax)
+	}
+	if f := w.FollowTheSun; f != nil {
+		if f.Period <= 0 {
+			bad("workload.follow_the_sun.period", "%s: must be positive", f.Period.D())
+		}
+		if !(f.Amplitude >= 0 && f.Amplitude <= 1) {
+			bad("workload.follow_the_sun.amplitude", "%v: must be in [0, 1]", f.Amplitude)
+		}
+	}
+	for i, f := range w.Flash {
+		p := fmt.Sprintf("workload.flash[%d]", i)
+		region(p+".region", f.Region)
+		s.checkSpell(&errs, p, FaultSpell{f.At, f.For})
+		if f.Keys < 1 || f.Keys > k.Count {
+			bad(p+".keys", "%d: must be in [1, keys.count]", f.Keys)
+		}
+		if !(f.Factor > 0 && f.Factor <= 1000) {
+			bad(p+".factor", "%v: must be in (0, 1000]", f.Factor)
+		}
+	}
+	for i, m := range w.Moves {
+		p := fmt.Sprintf("workload.moves[%d]", i)
+		region(p+".from", m.From)
+		region(p+".to", m.To)
+		if m.At < 0 || m.At > s.Duration {
+			bad(p+".at", "%s: outside the run", m.At.D())
+		}
+	}
+	if o := w.OnOff; o != nil {
+		if !(o.Alpha > 1 && o.Alpha < 10) {
+			bad("workload.on_off.alpha", "%v: must be in (1, 10)", o.Alpha)
+		}
+		if o.MeanOn <= 0 || o.MeanOff <= 0 {
+			bad("workload.on_off", "mean_on and mean_off must be positive")
+		}
+	}
+	if r := w.Retry; r != nil {
+		if r.Max < 1 || r.Max > 100 {
+			bad("workload.retry.max", "%d: must be in [1, 100]", r.Max)
+		}
+		if !(r.Jitter >= 0 && r.Jitter <= 10) {
+			bad("workload.retry.jitter", "%v: must be in [0, 10]", r.Jitter)
+		}
+	}
+	for i, p := range s.Faults.Partitions {
+		path := fmt.Sprintf("faults.partitions[%d]", i)
+		s.checkSpell(&errs, path, p.FaultSpell)
+		if len(p.Side) == 0 || len(p.Side) >= len(s.Regions) {
+			bad(path+".side", "must name some regions, not all")
+		}
+		for j, r := range p.Side {
+			region(fmt.Sprintf("%s.side[%d]", path, j), r)
+		}
+	}
+	for i, r := range s.Faults.RegionLoss {
+		p := fmt.Sprintf("faults.region_loss[%d]", i)
+		region(p+".region", r.Region)
+		s.checkSpell(&errs, p, r.FaultSpell)
+		if r.Region == s.Coordinator.Region {
+			bad(p+".region", "%q hosts the coordinator: script a coordinator failover instead", r.Region)
+		}
+	}
+	for i, r := range s.Faults.RedisOutage {
+		p := fmt.Sprintf("faults.redis_outage[%d]", i)
+		region(p+".region", r.Region)
+		s.checkSpell(&errs, p, r.FaultSpell)
+	}
+	valid := append(rebalance.StrategyNames(), ReplicatedCounter)
+	seen := map[string]bool{}
+	for i, st := range s.Strategies {
+		p := fmt.Sprintf("strategies[%d]", i)
+		switch {
+		case !slices.Contains(valid, st):
+			bad(p, "unknown strategy %q (valid: %s)", st, strings.Join(valid, ", "))
+		case st == "home":
+			bad(p, `"home" needs one home region for every key; the simulator models per-key homes, so compare static or proportional instead`)
+		case seen[st]:
+			bad(p, "%q given twice", st)
+		}
+		seen[st] = true
+	}
+	for i, iv := range s.Intervals {
+		if iv.D() < 100*time.Millisecond || iv.D() > 10*time.Minute {
+			bad(fmt.Sprintf("intervals[%d]", i), "%s: must be in [100ms, 10m]", iv.D())
+		}
+	}
+	if !slices.Contains([]string{"open", "closed", "local"}, s.FailureMode) {
+		bad("failure_mode", "%q: want open, closed or local", s.FailureMode)
+	}
+	if s.Sync.D() < time.Millisecond {
+		bad("sync", "%s: must be at least 1ms", s.Sync.D())
+	}
+	maxSkew := time.Duration(0)
+	for _, r := range s.Regions {
+		maxSkew = max(maxSkew, r.ClockSkew.D().Abs())
+	}
+	if s.MaxSkew != 0 && 2*maxSkew > s.MaxSkew.D() {
+		bad("max_skew", "%s: below twice the largest region clock skew (%s): the coordinator's safety wait assumes it bounds the skew between any two regions", s.MaxSkew.D(), maxSkew)
+	}
+	if s.Lease < 0 || s.MaxSkew < 0 || s.Fence < 0 || s.Shift < 0 || s.Shift > s.Duration {
+		bad("lease, max_skew, fence, shift", "must not be negative (and shift within the run)")
+	}
+	if len(s.Seeds) > 1000 {
+		bad("seeds", "%d seeds: at most 1000", len(s.Seeds))
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrScenario, errors.Join(errs...))
+}
+
+func (s *Scenario) checkSpell(errs *[]error, path string, f FaultSpell) {
+	if f.At < 0 || f.For <= 0 || f.At+f.For > s.Duration {
+		*errs = append(*errs, fmt.Errorf("%s: window [%s, %s) must be non-empty and inside the run (%s)",
+			path, f.At.D(), (f.At+f.For).D(), s.Duration.D()))
+	}
+}
+
+//go:embed scenarios/*.yaml
+var builtinFS embed.FS
+
+// Builtin returns the built-in scenario with the given name.
+func Builtin(name string) (*Scenario, error) {
+	data, err := builtinFS.ReadFile("scenarios/" + name + ".yaml")
+	if err != nil {
+		return nil, fmt.Errorf("sim: no built-in scenario %q (have: %s)", name, strings.Join(BuiltinNames(), ", "))
+	}
+	s, err := ParseScenario(data)
+	if err != nil {
+		return nil, fmt.Errorf("built-in %s: %w", name, err)
+	}
+	return s, nil
+}
+
+// BuiltinNames lists the built-in scenarios, sorted.
+func BuiltinNames() []string {
+	ents, _ := builtinFS.ReadDir("scenarios")
+	var out []string
+	for _, e := range ents {
+		out = append(out, strings.TrimSuffix(e.Name(), ".yaml"))
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,300 @@
+package sim
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+)
+
+// Options selects what a sweep runs. Zero fields take the scenario's.
+type Options struct {
+	Strategies []string
+	Intervals  []time.Duration
+	Seeds      []uint64
+	// Workers runs this many simulations at once (0: GOMAXPROCS). The
+	// results do not depend on it.
+	Workers int
+	// Progress, if set, is called after each run with the runs done and
+	// the total (from the worker goroutines, serialized).
+	Progress func(done, total int)
+	// KeyDetail keeps every key's totals in the results (large for many keys).
+	KeyDetail bool
+	// Trace replays a validated trace instead of the scenario's workload.
+	Trace *Trace
+}
+
+// Report is a sweep: every run, and per strategy × interval the metrics
+// across seeds (mean and 95 % interval), with a recommendation.
+type Report struct {
+	Scenario       string    `json:"scenario"`
+	Description    string    `json:"description,omitempty"`
+	Cells          []Cell    `json:"cells"`
+	Recommendation string    `json:"recommendation"`
+	Bounds         string    `json:"bounds"`
+	Runs           []*Result `json:"runs"`
+}
+
+// Stat is a metric's mean across seeds and the half-width of its 95 %
+// confidence interval (Student's t; 0 with one seed).
+type Stat struct {
+	Mean float64 `json:"mean"`
+	CI95 float64 `json:"ci95"`
+}
+
+// Cell is one strategy at one interval, across seeds. Per-key metrics are
+// their demand-weighted mean across keys (P is the p99 across keys).
+type Cell struct {
+	Strategy     string   `json:"strategy"`
+	Interval     Duration `json:"interval"`
+	Seeds        int      `json:"seeds"`
+	UA1s         Stat     `json:"ua_1s"`
+	OA1s         Stat     `json:"oa_1s"`
+	UA10s        Stat     `json:"ua_10s"`
+	OA10s        Stat     `json:"oa_10s"`
+	OABudget     Stat     `json:"oa_budget"`
+	PeakP99      Stat     `json:"peak_1s_p99"`
+	Fairness     Stat     `json:"fairness_1s"`
+	Convergence  Stat     `json:"convergence_s"`
+	Disagreement Stat     `json:"disagreement"`
+	Messages     Stat     `json:"messages_per_key_region_s"`
+	Bytes        Stat     `json:"bytes_per_key_region_s"`
+}
+
+// The recommendation's bounds: budget over-admission and peak.
+const (
+	maxOABudget = 0.01
+	maxPeak     = 1.10
+)
+
+// Sweep runs sc for every strategy × interval × seed and summarizes.
+func Sweep(sc *Scenario, opt Options) (*Report, error) {
+	strategies := opt.Strategies
+	if len(strategies) == 0 {
+		strategies = sc.Strategies
+	}
+	intervals := opt.Intervals
+	if len(intervals) == 0 {
+		for _, iv := range sc.Intervals {
+			intervals = append(intervals, iv.D())
+		}
+	}
+	seeds := opt.Seeds
+	if len(seeds) == 0 {
+		seeds = sc.Seeds
+	}
+	type job struct {
+		strategy string
+		interval time.Duration
+		seed     uint64
+	}
+	var jobs []job
+	for _, st := range strategies {
+		for _, iv := range intervals {
+			for _, seed := range seeds {
+				jobs = append(jobs, job{st, iv, seed})
+			}
+		}
+	}
+	// Validate every combination before simulating anything.
+	for _, j := range jobs {
+		c := *sc
+		c.Strategies = []string{j.strategy}
+		c.Intervals = []Duration{Duration(j.interval)}
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	results := make([]*Result, len(jobs))
+	errs := make([]error, len(jobs))
+	workers := opt.Workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		next int
+		done int
+	)
+	for range min(workers, len(jobs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= len(jobs) {
+					return
+				}
+				j := jobs[i]
+				r, err := NewRun(sc, j.strategy, j.interval, j.seed, opt.Trace)
+				if err == nil {
+					results[i], err = r.Simulate()
+				}
+				if err == nil && !opt.KeyDetail {
+					results[i].Keys = nil
+				}
+				errs[i] = err
+				mu.Lock()
+				done++
+				if opt.Progress != nil {
+					opt.Progress(done, len(jobs))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("sim: %s %s seed %d: %w", jobs[i].strategy, jobs[i].interval, jobs[i].seed, err)
+		}
+	}
+	rep := &Report{Scenario: sc.Name, Description: strings.TrimSpace(sc.Description), Runs: results,
+		Bounds: fmt.Sprintf("OA_budget ≤ %.0f%% and P(1s, p99 across keys) ≤ %.2f", maxOABudget*100, maxPeak)}
+	per := len(seeds)
+	for c := 0; c < len(jobs); c += per {
+		rs := results[c : c+per]
+		cell := Cell{Strategy: jobs[c].strategy, Interval: Duration(jobs[c].interval), Seeds: per}
+		cell.UA1s = stat(rs, func(r *Result) float64 { return r.Windows[0].UA.Mean })
+		cell.OA1s = stat(rs, func(r *Result) float64 { return r.Windows[0].OA.Mean })
+		cell.UA10s = stat(rs, func(r *Result) float64 { return r.Windows[1].UA.Mean })
+		cell.OA10s = stat(rs, func(r *Result) float64 { return r.Windows[1].OA.Mean })
+		cell.OABudget = stat(rs, func(r *Result) float64 { return r.OABudget.Mean })
+		cell.PeakP99 = stat(rs, func(r *Result) float64 { return r.Windows[0].Peak.P99 })
+		cell.Fairness = stat(rs, func(r *Result) float64 { return r.Windows[0].Fairness.Mean })
+		cell.Convergence = stat(rs, func(r *Result) float64 { return r.Windows[0].Convergence.Mean })
+		cell.Disagreement = stat(rs, func(r *Result) float64 { return r.Disagreement })
+		cell.Messages = stat(rs, func(r *Result) float64 { return r.Messages })
+		cell.Bytes = stat(rs, func(r *Result) float64 { return r.Bytes })
+		rep.Cells = append(rep.Cells, cell)
+	}
+	rep.Recommendation = recommend(rep.Cells)
+	return rep, nil
+}
+
+// tCrit is Student's t at 97.5 % for n−1 degrees of freedom (n ≥ 2).
+func tCrit(n int) float64 {
+	table := []float64{0, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+		2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086}
+	if df := n - 1; df < len(table) {
+		return table[df]
+	}
+	return 1.96
+}
+
+func stat(rs []*Result, f func(*Result) float64) Stat {
+	n := float64(len(rs))
+	sum := 0.0
+	for _, r := range rs {
+		sum += f(r)
+	}
+	mean := sum / n
+	if len(rs) < 2 {
+		return Stat{Mean: mean}
+	}
+	ss := 0.0
+	for _, r := range rs {
+		d := f(r) - mean
+		ss += d * d
+	}
+	sd := math.Sqrt(ss / (n - 1))
+	return Stat{Mean: mean, CI95: tCrit(len(rs)) * sd / math.Sqrt(n)}
+}
+
+// recommend picks the cell with the lowest UA(1s) among those within the
+// bounds (ties: fewer messages).
+func recommend(cells []Cell) string {
+	best := -1
+	for i, c := range cells {
+		if c.OABudget.Mean > maxOABudget || c.PeakP99.Mean > maxPeak {
+			continue
+		}
+		if best < 0 || c.UA1s.Mean < cells[best].UA1s.Mean ||
+			(c.UA1s.Mean == cells[best].UA1s.Mean && c.Messages.Mean < cells[best].Messages.Mean) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return fmt.Sprintf("no strategy stays within OA_budget ≤ %.0f%% and P ≤ %.2f here", maxOABudget*100, maxPeak)
+	}
+	c := cells[best]
+	return fmt.Sprintf("use %s at %s: lowest UA(1s) %.1f%% with OA_budget %.2f%% and P %.2f", c.Strategy, c.Interval.D(),
+		100*c.UA1s.Mean, 100*c.OABudget.Mean, c.PeakP99.Mean)
+}
+
+func pct(s Stat) string {
+	if s.CI95 == 0 {
+		return fmt.Sprintf("%.1f%%", 100*s.Mean)
+	}
+	return fmt.Sprintf("%.1f±%.1f%%", 100*s.Mean, 100*s.CI95)
+}
+
+func num(s Stat, prec int) string {
+	if s.CI95 == 0 {
+		return strconv.FormatFloat(s.Mean, 'f', prec, 64)
+	}
+	return strconv.FormatFloat(s.Mean, 'f', prec, 64) + "±" + strconv.FormatFloat(s.CI95, 'f', prec, 64)
+}
+
+// WriteTable writes the cells as an aligned table ending with the
+// recommendation.
+func (rep *Report) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "scenario %s: %d runs\n", rep.Scenario, len(rep.Runs))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "strategy\tinterval\tUA 1s\tOA 1s\tUA 10s\tOA 10s\tOA_budget\tP 1s p99\tfairness\tconverge s\tdisagree\tmsg/kr/s\tB/kr/s (est)\t")
+	for _, c := range rep.Cells {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", c.Strategy, c.Interval.D(),
+			pct(c.UA1s), pct(c.OA1s), pct(c.UA10s), pct(c.OA10s), pct(c.OABudget), num(c.PeakP99, 2),
+			num(c.Fairness, 2), num(c.Convergence, 1), pct(c.Disagreement), num(c.Messages, 3), num(c.Bytes, 1))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "recommendation (%s): %s\n", rep.Bounds, rep.Recommendation)
+	return err
+}
+
+// WriteJSON writes the whole report, indented; byte-identical for the same
+// scenario, options and seeds.
+func (rep *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// WriteCSV writes one row per cell.
+func (rep *Report) WriteCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	head := []string{"scenario", "strategy", "interval_s", "seeds"}
+	for _, n := range []string{"ua_1s", "oa_1s", "ua_10s", "oa_10s", "oa_budget", "peak_1s_p99", "fairness_1s",
+		"convergence_s", "disagreement", "messages_per_key_region_s", "bytes_per_key_region_s_est"} {
+		head = append(head, n, n+"_ci95")
+	}
+	if err := cw.Write(head); err != nil {
+		return err
+	}
+	f := func(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
+	for _, c := range rep.Cells {
+		row := []string{rep.Scenario, c.Strategy, f(c.Interval.D().Seconds()), strconv.Itoa(c.Seeds)}
+		for _, s := range []Stat{c.UA1s, c.OA1s, c.UA10s, c.OA10s, c.OABudget, c.PeakP99, c.Fairness, c.Convergence,
+			c.Disagreement, c.Messages, c.Bytes} {
+			row = append(row, f(s.Mean), f(s.CI95))
+		}
+		if err := cw.Write(row); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
