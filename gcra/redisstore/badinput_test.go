@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -256,24 +257,37 @@ func TestWrongTypeState(t *testing.T) {
 // an error wrapping ErrReply (ErrMalformedState for code 3, errNotDecided
 // for code 4), never a panic.
 func TestReplyShapes(t *testing.T) {
-	six := func(v ...any) []any { return v }
+	packed := func(v ...int64) string {
+		var b []byte
+		for _, x := range v {
+			b = appendInt(b, x)
+		}
+		return string(b)
+	}
+	six := packed(1, 2, 0, 3, 0, 0)
 	intsTests := []struct {
 		name  string
 		give  any
 		giveN int
 	}{
 		{"nil", nil, 6},
-		{"string", "OK", 6},
 		{"integer", int64(1), 6},
 		{"error", errors.New("boom"), 6},
 		{"map", map[any]any{"a": int64(1)}, 6},
+		{"bytes", []byte(six), 6},
+		{"array of integers", []any{int64(1), int64(2), int64(0), int64(3), int64(0), int64(0)}, 6},
 		{"empty array", []any{}, 6},
-		{"short array", six(int64(1), int64(0), int64(0), int64(0), int64(0)), 6},
-		{"long array", six(int64(1), int64(0), int64(0), int64(0), int64(0), int64(0), int64(0)), 6},
-		{"string element", six(int64(1), "0", int64(0), int64(0), int64(0), int64(0)), 6},
-		{"nil element", six(int64(1), int64(0), nil, int64(0), int64(0), int64(0)), 6},
-		{"float element", six(int64(1), int64(0), int64(0), 1.5, int64(0), int64(0)), 6},
-		{"nested array", six(int64(1), int64(0), int64(0), int64(0), []any{int64(0)}, int64(0)), 6},
+		{"empty string", "", 6},
+		{"OK", "OK", 6},
+		{"five integers", packed(1, 2, 0, 3, 0), 6},
+		{"seven integers", packed(1, 2, 0, 3, 0, 0, 0), 6},
+		{"one byte short", six[:47], 6},
+		{"one byte long", six + "\x00", 6},
+		{"decimal text of the right length", strings.Repeat("1,", 24), 6},
+		{"value below -1", packed(1, 2, -2, 3, 0, 0), 6},
+		{"most negative value", packed(1, 2, 0, -1<<63, 0, 0), 6},
+		{"value of 2^53", packed(1, 2, 0, 3, 0, 1<<53), 6},
+		{"largest value", packed(1<<63-1, 2, 0, 3, 0, 0), 6},
 	}
 	for _, tt := range intsTests {
 		t.Run("replyInts "+tt.name, func(t *testing.T) {
@@ -284,8 +298,11 @@ func TestReplyShapes(t *testing.T) {
 			}
 		})
 	}
-	if v, err := replyInts(six(int64(1), int64(2), int64(0), int64(3), int64(0), int64(0)), 6, nil); err != nil || len(v) != 6 || v[3] != 3 {
+	if v, err := replyInts(six, 6, nil); err != nil || !slices.Equal(v, []int64{1, 2, 0, 3, 0, 0}) {
 		t.Errorf("well-formed reply: %v, %v", v, err)
+	}
+	if v, err := replyInts(packed(2, 0, -1, 1<<53-1), 4, nil); err != nil || !slices.Equal(v, []int64{2, 0, -1, 1<<53 - 1}) {
+		t.Errorf("reply with -1 and 2^53-1: %v, %v", v, err)
 	}
 
 	chk := gcra.Check{Key: gcra.Key{Name: "k"}, Schedule: gcra.Steady(gcra.PerSecond(5, 3))}
@@ -325,6 +342,48 @@ func TestReplyShapes(t *testing.T) {
 	r, err = decode([]int64{2, 0, -1, 0}, &chk)
 	if err != nil || !r.TooLarge || r.RetryAfter != gcra.Never {
 		t.Errorf("decode of too large = %+v, %v", r, err)
+	}
+}
+
+// TestBatchShapes sends the script batches of the wrong shape (the Go side
+// never builds them): each must fail with an error that names the problem,
+// and write nothing.
+func TestBatchShapes(t *testing.T) {
+	s, c := newTestStore(t)
+	ctx := context.Background()
+	sch := gcra.Steady(gcra.PerSecond(5, 3))
+	key := s.RedisKey(gcra.Key{Tag: "t", Name: "k"})
+	good := appendSchedule(appendInt(appendInt(nil, 1), 1), &sch)
+	good = appendInt(good, opWord(opDecide, 1, 1))
+	tests := []struct {
+		name  string
+		args  []any
+		wantE string
+	}{
+		{"no batch", []any{""}, "8-byte integers"},
+		{"a batch of 7 bytes", []any{"", good[:7]}, "8-byte integers"},
+		{"one byte over", []any{"", append(slices.Clone(good), 0)}, "8-byte integers"},
+		{"empty batch", []any{"", ""}, "too short"},
+		{"decimal arguments", []any{"", "1", "1"}, "8-byte integers"},
+		{"no op word", []any{"", good[:len(good)-8]}, "too short"},
+		{"a schedule short", []any{"", good[:16+24]}, "too short"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			noPanic(t, func() { err = script.Run(ctx, s.c, []string{key}, tt.args...).Err() })
+			if err == nil || !strings.Contains(err.Error(), tt.wantE) {
+				t.Errorf("error %v, want one mentioning %q", err, tt.wantE)
+			}
+			wantNoKeys(t, c, s.cfg.Prefix, tt.name)
+		})
+	}
+	v, err := script.Run(ctx, s.c, []string{key}, "", good).Result()
+	if err != nil {
+		t.Fatalf("well-formed batch: %v", err)
+	}
+	if vals, err := replyInts(v, 4, nil); err != nil || vals[0] != 1 {
+		t.Errorf("well-formed batch: reply %v, %v; want an admission", vals, err)
 	}
 }
 

@@ -233,20 +233,39 @@ func opWord(kind opKind, index int, cost int64) int64 {
 	return (int64(index)*4+int64(kind))<<40 + min(cost, 1<<39)
 }
 
+// scratch is one script call's working memory, pooled: exec builds the
+// batch in it and parses the reply into it, so a call allocates little
+// beyond what go-redis does.
+type scratch struct {
+	scheds []*gcra.Schedule
+	idx    []int
+	keys   []string
+	batch  []byte
+	args   [2]any
+	vals   []int64
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
 // exec sends ops as one script call and stores each op's answer.
 func (s *Store) exec(ctx context.Context, ops []*op) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	nchecks, nvals := 0, 0
-	for _, o := range ops {
-		nchecks += len(o.checks)
-		nvals += len(o.checks) * replyWidth(o.kind)
-	}
+	sc := scratchPool.Get().(*scratch)
+	defer func() {
+		// Drop references into the ops and the reply before pooling.
+		clear(sc.scheds)
+		clear(sc.keys)
+		sc.args = [2]any{}
+		scratchPool.Put(sc)
+	}()
+	nvals := 0
+	scheds, idx, keys := sc.scheds[:0], sc.idx[:0], sc.keys[:0]
 	// Many checks share a schedule (one policy limit, one share): send each
 	// distinct schedule once and refer to it by index.
-	scheds := make([]*gcra.Schedule, 0, 8)
-	idx := make([]int, 0, nchecks)
 	for _, o := range ops {
+		nvals += len(o.checks) * replyWidth(o.kind)
+		keys = append(keys, o.keys...)
 		for i := range o.checks {
 			sch := &o.checks[i].Schedule
 			j := -1
@@ -263,31 +282,37 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 			idx = append(idx, j+1)
 		}
 	}
-	keys := make([]string, 0, nchecks)
-	args := make([]any, 0, 3+len(scheds)*10+len(ops)*2+nchecks)
-	args = append(args, s.testNow, len(ops), len(scheds))
+	sc.scheds, sc.idx, sc.keys = scheds, idx, keys
+	// The batch: one string of big-endian 64-bit integers (see gcra.lua).
+	b := appendInt(sc.batch[:0], int64(len(ops)))
+	b = appendInt(b, int64(len(scheds)))
 	for _, sch := range scheds {
-		args = appendSchedule(args, sch)
+		b = appendSchedule(b, sch)
 	}
 	for _, o := range ops {
-		keys = append(keys, o.keys...)
 		if o.kind == opComposite {
-			args = append(args, opWord(opComposite, 0, int64(len(o.checks))))
+			b = appendInt(b, opWord(opComposite, 0, int64(len(o.checks))))
 			for i := range o.checks {
-				args = append(args, opWord(0, idx[i], o.checks[i].Cost))
+				b = appendInt(b, opWord(0, idx[i], o.checks[i].Cost))
 			}
 		} else {
-			args = append(args, opWord(o.kind, idx[0], o.checks[0].Cost))
+			b = appendInt(b, opWord(o.kind, idx[0], o.checks[0].Cost))
 			if o.kind == opReserve {
-				args = append(args, o.maxWait)
+				b = appendInt(b, o.maxWait)
 			}
 		}
 		idx = idx[len(o.checks):]
 	}
-	reply, err := script.Run(ctx, s.c, keys, args...).Result()
+	sc.batch = b
+	// go-redis writes the arguments out before Run returns, so the batch
+	// buffer can be reused by the next call.
+	sc.args[0], sc.args[1] = s.testNow, b
+	reply, err := script.Run(ctx, s.c, keys, sc.args[:]...).Result()
 	var vals []int64
 	if err == nil {
-		vals, err = replyInts(reply, nvals, make([]int64, 0, nvals))
+		if vals, err = replyInts(reply, nvals, sc.vals[:0]); err == nil {
+			sc.vals = vals[:0]
+		}
 	}
 	if err != nil {
 		err = fmt.Errorf("redisstore: eval gcra: %w", err)
@@ -297,8 +322,8 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 		return
 	}
 	for _, o := range ops {
+		w := replyWidth(o.kind)
 		for i := range o.checks {
-			w := replyWidth(o.kind)
 			r, derr := decode(vals[:w], &o.checks[i])
 			vals = vals[w:]
 			if derr != nil && (o.err == nil || o.err == errNotDecided) {

@@ -11,8 +11,20 @@
 // it is run by EVALSHA (go-redis re-sends it with EVAL on NOSCRIPT). Every
 // number it computes or stores is an integer below 2^53, and no number is
 // ever formatted by Lua's tostring (which would use exponent notation).
-// Every reply's shape is checked; a wrong one is an error wrapping ErrReply,
-// never a panic.
+//
+// A script call carries its batch compactly: KEYS are the batch's keys in
+// order, ARGV[1] is empty (tests pass an explicit now in µs), and ARGV[2] is
+// one string of big-endian signed 64-bit integers (8 bytes each, written
+// with encoding/binary and read by the script with struct.unpack '>i8'): the
+// number of ops, the distinct schedules, then one word per decision (see
+// gcra.lua for the layout). The reply is one string in the same encoding
+// (struct.pack '>i8'): four integers per check, five for a reservation. So
+// go-redis boxes two arguments per call instead of one per number, and the
+// reply is one string instead of an array of boxed integers. A batch that
+// is not whole 8-byte integers is refused by the script before it reads or
+// writes anything; a reply of the wrong type or length, or with a value
+// outside [-1, 2^53), is an error wrapping ErrReply, never a panic, and so
+// is any value the decoding of a check does not expect.
 //
 // # Keys and memory
 //

@@ -7,23 +7,28 @@
 -- tostring() or '..' on a number (they use %.14g).
 --
 -- ARGV[1]  now in µs for tests, or '' to use the server's TIME
--- ARGV[2]  number of ops
--- ARGV[3]  number of distinct schedules L, then L schedules:
+-- ARGV[2]  the batch: a sequence of big-endian signed 64-bit integers
+--   (8 bytes each, read with struct.unpack '>i8'):
+--   number of ops, number of distinct schedules L, then L schedules:
 --     cur T, cur Burst, cur tag, cur effective, hasPrev (0|1),
 --     and if hasPrev: prev T, prev Burst, prev tag, prev effective
--- then per op one word w = (index·4 + kind)·2^40 + cost, where kind is
+--   then per op one word w = (index·4 + kind)·2^40 + cost, where kind is
 --   1 decide and 2 reserve (one check: the schedule index, 1-based, and the
 --   cost, capped at 2^39 — any cost above Burst is too large anyway), each
 --   with one KEY; a reservation's word is followed by maxWait (µs);
 --   3 composite: cost holds the number of checks k, and k words follow,
 --   one per check (kind 0), each with one KEY, in order.
 --   (a zero limit is T = 0, Burst = 0)
--- Reply, per check: code + 8·version, remaining, retry-after µs (-1 =
+-- Reply: one bulk string of big-endian signed 64-bit integers (struct.pack
+-- '>i8'), per check: code + 8·version, remaining, retry-after µs (-1 =
 -- never), reset-after µs, and for a reservation also wait µs.
 --   code: 0 denied, 1 allowed, 2 too large, 3 this check's stored state is
 --   malformed, 4 not decided because another check of the composite is
 --   malformed (with 3 or 4 the op decides and writes nothing).
 --   version: 0 the current limit decided, 1 the previous one.
+-- A batch whose length is not a multiple of 8 is refused before anything
+-- is read or written; one that ends early fails in struct.unpack ("data
+-- string too short").
 
 local TATMOD  = 137438953472     -- 2^37: stored TAT modulus
 local TAGMOD  = 65536            -- 2^16: epoch tag modulus
@@ -32,6 +37,19 @@ local CONVCAP = 549755813888     -- 2^39: cap on conversions
 local CHUNK   = 8192             -- 2^13
 
 local floor = math.floor
+
+local P = ARGV[2]
+if type(P) ~= 'string' or #P % 8 ~= 0 then
+  return redis.error_reply('meridian gcra: ARGV[2] must be whole 8-byte integers')
+end
+local off = 1      -- next byte of P
+
+-- int reads the next integer of the batch.
+local function int()
+  local v
+  v, off = struct.unpack('>i8', P, off)
+  return v
+end
 
 local now
 if ARGV[1] ~= '' then
@@ -117,25 +135,23 @@ local function remaining(T, B, tat)
   return r
 end
 
-local pos = 4      -- next ARGV
 local kpos = 1     -- next KEY
 local out = {}
 local no = 0       -- values in out
 
+local nops = int()
+
 -- The batch's distinct schedules, parsed once into one flat table, nine
 -- fields each: cur T, B, tag, effective, hasPrev, prev T, B, tag, effective.
 local S = {}
-for i = 0, tonumber(ARGV[3]) - 1 do
+for i = 0, int() - 1 do
   local b = i * 9
-  S[b + 1], S[b + 2] = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
-  S[b + 3], S[b + 4] = tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
-  local hasP = ARGV[pos + 4] == '1'
+  local hasP
+  S[b + 1], S[b + 2], S[b + 3], S[b + 4], hasP, off = struct.unpack('>i8i8i8i8i8', P, off)
+  hasP = hasP == 1
   S[b + 5] = hasP
-  pos = pos + 5
   if hasP then
-    S[b + 6], S[b + 7] = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
-    S[b + 8], S[b + 9] = tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
-    pos = pos + 4
+    S[b + 6], S[b + 7], S[b + 8], S[b + 9], off = struct.unpack('>i8i8i8i8', P, off)
   end
 end
 
@@ -233,15 +249,12 @@ local function emit(a, b, c, d)
   no = no + 4
 end
 
-local nops = tonumber(ARGV[2])
 for _ = 1, nops do
-  local kind, idx, n = word(tonumber(ARGV[pos]))
-  pos = pos + 1
+  local kind, idx, n = word(int())
   if kind ~= 3 then
     local maxWait = -1
     if kind == 2 then
-      maxWait = tonumber(ARGV[pos])
-      pos = pos + 1
+      maxWait = int()
     end
     local ok, key, n, T, B, tag, ver, tat, exists, stag, cT, cB, cEff = loadcheck(idx, n)
     if not ok then
@@ -257,8 +270,7 @@ for _ = 1, nops do
     local k = n
     local cks, bad = {}, false
     for i = 1, k do
-      local _, ci, cn = word(tonumber(ARGV[pos]))
-      pos = pos + 1
+      local _, ci, cn = word(int())
       local c = {loadcheck(ci, cn)}
       cks[i] = c
       if not c[1] then bad = true end
@@ -289,4 +301,17 @@ for _ = 1, nops do
     end
   end
 end
-return out
+
+-- Pack the reply, at most 128 integers per struct.pack call (its arguments
+-- go on the C stack).
+local F128 = '>' .. string.rep('i8', 128)
+local parts = {}
+for i = 1, no, 128 do
+  local j, f = i + 127, F128
+  if j > no then
+    j = no
+    f = '>' .. string.rep('i8', j - i + 1)
+  end
+  parts[#parts + 1] = struct.pack(f, unpack(out, i, j))
+end
+return table.concat(parts)

@@ -34,9 +34,9 @@ func BenchmarkLoneCaller(b *testing.B) {
 		i := 0
 		for b.Loop() {
 			k := s.RedisKey(key(i))
-			args := appendSchedule([]any{"", 1, 1}, &sch)
-			args = append(args, opWord(opDecide, 1, 1))
-			v, err := script.Run(ctx, s.c, []string{k}, args...).Result()
+			batch := appendSchedule(appendInt(appendInt(nil, 1), 1), &sch)
+			batch = appendInt(batch, opWord(opDecide, 1, 1))
+			v, err := script.Run(ctx, s.c, []string{k}, "", batch).Result()
 			if err != nil {
 				b.Fatal(err)
 			}

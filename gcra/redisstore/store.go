@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -156,10 +157,16 @@ func (s *Store) RedisKey(k gcra.Key) string {
 	b.Grow(len(s.cfg.Prefix) + 2 + base64.RawURLEncoding.EncodedLen(len(k.Tag)) + len(k.Name))
 	b.WriteString(s.cfg.Prefix)
 	b.WriteByte('{')
-	if k.Tag != "" {
-		buf := make([]byte, base64.RawURLEncoding.EncodedLen(len(k.Tag)))
-		base64.RawURLEncoding.Encode(buf, []byte(k.Tag))
-		b.Write(buf)
+	// Encode the tag 30 bytes at a time through stack buffers: whole 3-byte
+	// groups encode alone, so the pieces join into the tag's encoding.
+	var src [30]byte
+	var dst [40]byte
+	for tag := k.Tag; tag != ""; {
+		n := copy(src[:], tag)
+		tag = tag[n:]
+		m := base64.RawURLEncoding.EncodedLen(n)
+		base64.RawURLEncoding.Encode(dst[:m], src[:n])
+		b.Write(dst[:m])
 	}
 	b.WriteByte('}')
 	b.WriteString(k.Name)
@@ -241,15 +248,30 @@ func validate(checks []gcra.Check) error {
 	return nil
 }
 
-// appendSchedule appends one schedule's script arguments.
-func appendSchedule(args []any, sch *gcra.Schedule) []any {
+// appendInt appends v to a batch as the script reads it: 8 bytes,
+// big-endian, two's complement (struct.unpack '>i8'). Every value sent is
+// below 2^53 in magnitude, so the script's doubles hold it exactly.
+func appendInt(b []byte, v int64) []byte {
+	return binary.BigEndian.AppendUint64(b, uint64(v))
+}
+
+// appendSchedule appends one schedule to a batch: cur T, Burst, tag,
+// effective, hasPrev (0|1), and if hasPrev the previous limit's four.
+func appendSchedule(b []byte, sch *gcra.Schedule) []byte {
 	cur := &sch.Current
-	args = append(args, cur.Limit.IntervalMicros(), cur.Limit.Burst(), int64(gcra.EpochTag(cur.Epoch)), cur.Effective)
+	b = appendInt(b, cur.Limit.IntervalMicros())
+	b = appendInt(b, cur.Limit.Burst())
+	b = appendInt(b, int64(gcra.EpochTag(cur.Epoch)))
+	b = appendInt(b, cur.Effective)
 	if !sch.HasPrevious {
-		return append(args, "0")
+		return appendInt(b, 0)
 	}
 	p := &sch.Previous
-	return append(args, "1", p.Limit.IntervalMicros(), p.Limit.Burst(), int64(gcra.EpochTag(p.Epoch)), p.Effective)
+	b = appendInt(b, 1)
+	b = appendInt(b, p.Limit.IntervalMicros())
+	b = appendInt(b, p.Limit.Burst())
+	b = appendInt(b, int64(gcra.EpochTag(p.Epoch)))
+	return appendInt(b, p.Effective)
 }
 
 // replyWidth is how many integers the script returns for one check of an
@@ -304,20 +326,22 @@ func decode(v []int64, c *gcra.Check) (gcra.Result, error) {
 	return r, nil
 }
 
-// replyInts checks that reply is an array of exactly n integers.
+// replyInts checks that reply is one string of exactly n big-endian 64-bit
+// integers (what the script packs), each in [-1, 2^53), and appends them to
+// buf.
 func replyInts(reply any, n int, buf []int64) ([]int64, error) {
-	arr, ok := reply.([]any)
+	str, ok := reply.(string)
 	if !ok {
-		return nil, fmt.Errorf("%w: %T, want an array", ErrReply, reply)
+		return nil, fmt.Errorf("%w: %T, want a string", ErrReply, reply)
 	}
-	if len(arr) != n {
-		return nil, fmt.Errorf("%w: %d values, want %d", ErrReply, len(arr), n)
+	if len(str) != 8*n {
+		return nil, fmt.Errorf("%w: %d bytes, want %d (%d 8-byte integers)", ErrReply, len(str), 8*n, n)
 	}
-	buf = buf[:0]
-	for i, e := range arr {
-		v, ok := e.(int64)
-		if !ok {
-			return nil, fmt.Errorf("%w: element %d is %T, want an integer", ErrReply, i, e)
+	for i := 0; i < len(str); i += 8 {
+		v := int64(uint64(str[i])<<56 | uint64(str[i+1])<<48 | uint64(str[i+2])<<40 | uint64(str[i+3])<<32 |
+			uint64(str[i+4])<<24 | uint64(str[i+5])<<16 | uint64(str[i+6])<<8 | uint64(str[i+7]))
+		if v < -1 || v >= 1<<53 {
+			return nil, fmt.Errorf("%w: value %d is %d, want an integer in [-1, 2^53)", ErrReply, i/8, v)
 		}
 		buf = append(buf, v)
 	}
