@@ -66,3 +66,20 @@ func BenchmarkDecideMemstore(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkDecideSerial is one goroutine deciding one-limit requests on
+// the in-memory store, as the simulator does.
+func BenchmarkDecideSerial(b *testing.B) {
+	n, _ := benchNode(b)
+	reqs := make([]*Request, 1000)
+	for i := range reqs {
+		reqs[i] = req(1, tenant(fmt.Sprintf("tenant-%04d", i)))
+	}
+	var d Decision
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if err := n.Decide(context.Background(), 1_700_000_000_000_000, reqs[i%len(reqs)], &d); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -148,7 +148,7 @@ func (n *Node) Resolve(req *Request, d *Decision) error {
 				m.Key.Tag = t
 			}
 		}
-		m.Schedule = n.schedule(s, rule, d.buf)
+		m.Schedule = n.schedule(s, rule, m.Key.Name)
 		d.Matches = append(d.Matches, m)
 	}
 	d.applyReplaces()
@@ -246,12 +246,12 @@ func (d *Decision) partition() {
 }
 
 // schedule is the schedule a key runs on under snapshot s.
-func (n *Node) schedule(s *snapshot, rule *Rule, name []byte) gcra.Schedule {
+func (n *Node) schedule(s *snapshot, rule *Rule, name string) gcra.Schedule {
 	if rule.Scope == Regional {
 		return gcra.Steady(rule.Limit)
 	}
 	safe := SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions))
-	r := s.rows[string(name)]
+	r := s.rows[name]
 	if r == nil {
 		return gcra.Schedule{Current: gcra.Version{Limit: safe, Epoch: coldEpoch}}
 	}
@@ -259,7 +259,7 @@ func (n *Node) schedule(s *snapshot, rule *Rule, name []byte) gcra.Schedule {
 		// The table was computed for another limit (a policy rollout in
 		// progress): run at the safe share until they agree.
 		n.reduced.Add(1)
-		sch := r.reduced
+		sch := n.reduce(r, r.applied).sched
 		sch.Current.Limit = minLimit(sch.Current.Limit, safe)
 		return sch
 	}
@@ -445,4 +445,70 @@ func (n *Node) Record(d *Decision) {
 		}
 		n.keys.record(m.entry, m.Cost, admitted)
 	}
+}
+
+// Prepared is a request resolved once and decided many times — the
+// simulator decides the same keys millions of times. It is re-resolved
+// when the policy or table in force changes, or the cost does; otherwise
+// its keys and schedules are reused. Not safe for concurrent use.
+type Prepared struct {
+	req    Request
+	d      Decision
+	gen    uint64 // the snapshot it was resolved under (0: none); not a pointer, so old snapshots are not kept alive
+	policy *Policy
+	cost   int64
+}
+
+// Prepare resolves req for repeated decisions. The request's slices are
+// retained and must not change.
+func (n *Node) Prepare(req *Request) (*Prepared, error) {
+	p := &Prepared{req: *req, cost: req.Cost}
+	if err := n.resolvePrepared(p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (n *Node) resolvePrepared(p *Prepared) error {
+	s := n.snap.Load()
+	p.gen, p.policy = s.gen, s.policy
+	p.req.Cost = p.cost
+	if err := n.Resolve(&p.req, &p.d); err != nil {
+		p.gen = 0
+		return err
+	}
+	if n.snap.Load().gen != p.gen {
+		p.gen = 0 // resolved across a swap: resolve again next time
+	}
+	return nil
+}
+
+// DecidePrepared decides p at cost, as Decide would decide its request at
+// that cost, and returns the decision (valid until p's next use).
+func (n *Node) DecidePrepared(ctx context.Context, now int64, p *Prepared, cost int64) (*Decision, error) {
+	s := n.snap.Load()
+	switch {
+	case cost != p.cost || s.policy != p.policy || p.gen == 0:
+		p.cost = cost
+		if err := n.resolvePrepared(p); err != nil {
+			return nil, err
+		}
+	case p.gen != s.gen:
+		// Only the table changed: the same keys, new schedules.
+		p.gen = s.gen
+		for i := range p.d.Matches {
+			m := &p.d.Matches[i]
+			m.Schedule = n.schedule(s, m.Rule, m.Key.Name)
+		}
+		fallthrough
+	default:
+		d := &p.d
+		d.Allowed, d.Result, d.Fallback, d.FallbackMode, d.ShadowDenied = d.enforced == 0, gcra.Result{}, false, 0, false
+		for i := range d.Matches {
+			d.Matches[i].Result, d.Matches[i].decided = gcra.Result{}, false
+		}
+	}
+	n.Execute(ctx, now, &p.d)
+	n.Record(&p.d)
+	return &p.d, nil
 }

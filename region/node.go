@@ -149,6 +149,7 @@ type Node struct {
 
 	localMu sync.Mutex
 	live    atomic.Int64
+	gen     atomic.Uint64
 
 	decisions, peeks, storeErrors, fbOpen, fbClosed, fbLocal,
 	shadowDenied, overflow, reduced atomic.Int64
@@ -162,6 +163,7 @@ type Node struct {
 
 // snapshot is what the hot path reads: immutable once published.
 type snapshot struct {
+	gen      uint64 // counts snapshots: prepared requests compare it
 	policy   *Policy
 	hasTable bool
 	term     uint64
@@ -180,7 +182,7 @@ type row struct {
 	sub     uint64 // epoch slot within the version: even runs the table, odd runs reduced
 	budget  gcra.Limit
 	sched   gcra.Schedule
-	reduced gcra.Schedule // what the key runs on when its policy disagrees
+	applied int64 // when the row's table was applied (µs): a policy mismatch reduces from then
 }
 
 // NewNode returns a Node deciding with store under policy, with no table:
@@ -194,8 +196,14 @@ func NewNode(cfg Config, policy *Policy, store Store) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, store: store, safe: cfg.safePPM()}
 	n.keys.init(cfg.MaxKeys)
-	n.snap.Store(&snapshot{policy: policy, rows: map[string]*row{}})
+	n.publish(&snapshot{policy: policy, rows: map[string]*row{}})
 	return n, nil
+}
+
+// publish makes s the snapshot in force.
+func (n *Node) publish(s *snapshot) {
+	s.gen = n.gen.Add(1)
+	n.snap.Store(s)
 }
 
 // Policy returns the policy in force.
@@ -207,7 +215,7 @@ func (n *Node) Policy() *Policy { return n.snap.Load().policy }
 func (n *Node) SetPolicy(p *Policy) {
 	s := *n.snap.Load()
 	s.policy = p
-	n.snap.Store(&s)
+	n.publish(&s)
 }
 
 // SetLiveAgents tells the node how many agents of its region membership

@@ -593,3 +593,54 @@ var (
 	_ Store = (*memstore.Store)(nil)
 	_ Store = (*redisstore.Store)(nil)
 )
+
+// A prepared request decides exactly as Decide does, across table changes
+// and cost changes.
+func TestNodePreparedMatchesDecide(t *testing.T) {
+	const t0 = int64(1_700_000_000_000_000)
+	mk := func() *Node {
+		ms, err := memstore.New(memstore.Config{Clock: func() int64 { return t0 }, Shards: 1, MaxKeys: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := NewNode(DefaultConfig("eu", "eu-1", regions...), mustPolicy(t, testPolicy), ms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	a, b := mk(), mk()
+	r := req(1, tenant("acme"), tenant("acme", Entry{"route", "/search"}))
+	p, err := b.Prepare(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d Decision
+	for i := range 40 {
+		if i%10 == 5 {
+			tb := table(1, uint64(i), t0, t0-hour, uint64(i), uint32(200_000+20_000*i), acme, acmeSearch)
+			for _, n := range []*Node{a, b} {
+				if err := n.Apply(tb, t0); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		cost := int64(1 + i%3/2)
+		r.Cost = cost
+		if err := a.Decide(context.Background(), t0, r, &d); err != nil {
+			t.Fatal(err)
+		}
+		pd, err := b.DecidePrepared(context.Background(), t0, p, cost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pd.Allowed != d.Allowed || pd.Result != d.Result || len(pd.Matches) != len(d.Matches) {
+			t.Fatalf("step %d: prepared %v %+v, decide %v %+v", i, pd.Allowed, pd.Result, d.Allowed, d.Result)
+		}
+		for j := range d.Matches {
+			if pd.Matches[j].Result != d.Matches[j].Result || pd.Matches[j].Schedule != d.Matches[j].Schedule {
+				t.Fatalf("step %d match %d differs", i, j)
+			}
+		}
+	}
+}

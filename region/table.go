@@ -58,8 +58,13 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	var limits []gcra.Limit
 	for i := range t.Keys {
 		ks := &t.Keys[i]
+		o := old.rows[ks.Key]
+		if o != nil && ks.Version == o.version && ks.Budget == o.budget && (o.sub%2 == 0 || o.sub == 3) {
+			rows[ks.Key] = o // unchanged: shared, and no limits to derive
+			continue
+		}
 		limits = ks.Limits(limits)
-		rows[ks.Key] = n.transition(old.rows[ks.Key], ks, limits[r], t.Effective, now)
+		rows[ks.Key] = n.transition(o, ks, limits[r], t.Effective, now)
 	}
 	// A key the table no longer names runs reduced, for as long as state
 	// written under its last limit may live; then it is a key with no row
@@ -70,7 +75,7 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 		}
 		nr := n.reduce(o, now)
 		if last := inForceAt(&nr.sched, now); now < nr.sched.Current.Effective+windowMicros(last.Limit)+windowMicros(nr.sched.Previous.Limit) {
-			rows[k] = nr
+			rows[k] = &nr
 		}
 	}
 	n.leaseExpiry = t.Issued + t.Leases[r]
@@ -78,7 +83,7 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	if old.hasTable && now < old.effective {
 		prevTerm, prevEpoch = old.prevTerm, old.prevEpoch // the old table never came into force
 	}
-	n.snap.Store(&snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
+	n.publish(&snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
 		effective: t.Effective, prevTerm: prevTerm, prevEpoch: prevEpoch, rows: rows})
 	if now >= n.leaseExpiry {
 		n.lapse(now)
@@ -126,21 +131,25 @@ func (n *Node) checkTable(t *rebalance.Table, r int, now int64) error {
 }
 
 // transition is a key's row after a table gives it limit lim (version
-// ks.Version) from eff on, given its row o under the previous table.
+// ks.Version) from eff on, given its row o under the previous table. An
+// unchanged row is shared (rows are immutable).
 func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, now int64) *row {
 	v := ks.Version
-	nr := &row{version: v, budget: ks.Budget}
+	switch {
+	case o != nil && v < o.version:
+		n.regressions++
+		return o
+	case o != nil && v == o.version && (o.sub%2 == 0 || o.sub == 3) && o.budget == ks.Budget:
+		// Unchanged (or reduced twice: it stays until the version moves).
+		return o
+	}
+	nr := &row{version: v, budget: ks.Budget, applied: now}
 	switch {
 	case o == nil:
 		prev := gcra.Version{Limit: SafeLimit(ks.Budget, n.safe, len(n.cfg.Regions)), Epoch: coldEpoch}
 		nr.sched = gcra.Change(prev, gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
-	case v < o.version:
-		n.regressions++
-		return o
-	case v == o.version && o.sub%2 == 0:
-		nr.sub, nr.sched = o.sub, o.sched // unchanged
-	case v == o.version && o.sub == 3:
-		nr.sub, nr.sched = o.sub, o.sched // reduced twice: stays until the version moves
+	case v == o.version && (o.sub%2 == 0 || o.sub == 3):
+		nr.sub, nr.sched = o.sub, o.sched // the budget changed under the same version: keep the limits
 	case v == o.version:
 		// Restore after a lapse: a new epoch slot within the version.
 		nr.sub = o.sub + 1
@@ -149,15 +158,14 @@ func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 	default:
 		nr.sched = gcra.Change(inForceAt(&o.sched, eff), gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
 	}
-	nr.reduced = n.reduce(nr, now).sched
 	return nr
 }
 
 // reduce is o run at min(last limit, safe limit) from now on, in the next
 // epoch slot of its version (o itself when it already runs reduced).
-func (n *Node) reduce(o *row, now int64) *row {
+func (n *Node) reduce(o *row, now int64) row {
 	if o.sub%2 == 1 {
-		return o
+		return *o
 	}
 	nr := *o
 	nr.sub = o.sub + 1
@@ -168,8 +176,7 @@ func (n *Node) reduce(o *row, now int64) *row {
 		lim = minLimit(lim, o.sched.Current.Limit)
 	}
 	nr.sched = gcra.Change(last, gcra.Version{Limit: lim, Epoch: epochOf(o.version, nr.sub), Effective: now})
-	nr.reduced = nr.sched
-	return &nr
+	return nr
 }
 
 // lapse runs every key at min(last share, safe share) from now on.
@@ -177,11 +184,12 @@ func (n *Node) lapse(now int64) {
 	old := n.snap.Load()
 	rows := make(map[string]*row, len(old.rows))
 	for k, o := range old.rows {
-		rows[k] = n.reduce(o, now)
+		nr := n.reduce(o, now)
+		rows[k] = &nr
 	}
 	s := *old
 	s.rows, s.lapsed = rows, true
-	n.snap.Store(&s)
+	n.publish(&s)
 }
 
 // InForce returns the table in force at now (µs): the newest applied one

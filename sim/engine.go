@@ -33,27 +33,37 @@ const (
 	evSample // per-second sample of the top keys' shares
 )
 
-// event is one thing that happens at t. seq breaks ties in the order
-// events were scheduled, so runs are deterministic.
+// event is one thing that happens at t.
 type event struct {
 	t    int64
-	seq  uint64
 	kind uint8
 	a, b int32 // kind-specific: key, region, agent
 	c    int64 // kind-specific: cost, attempt
-	msg  any   // report or table
+	msg  any   // report, ack or table
 }
 
-// eventHeap is a binary min-heap on (t, seq), typed to avoid interface
-// calls on the hot path.
-type eventHeap []event
+// item is an event in the heap, packed into 32 bytes: seq<<8 | kind
+// breaks ties between equal times in the order events were scheduled, so
+// runs are deterministic; a message is kept aside and c indexes it.
+type item struct {
+	t    int64
+	sk   uint64
+	a, b int32
+	c    int64
+}
 
-func (h *eventHeap) push(e event) {
+func (e *item) before(o *item) bool { return e.t < o.t || (e.t == o.t && e.sk < o.sk) }
+
+// eventHeap is a 4-ary min-heap on (t, seq), typed to avoid interface
+// calls on the hot path.
+type eventHeap []item
+
+func (h *eventHeap) push(e item) {
 	*h = append(*h, e)
 	q := *h
 	i := len(q) - 1
 	for i > 0 {
-		p := (i - 1) / 2
+		p := (i - 1) / 4
 		if !q[i].before(&q[p]) {
 			break
 		}
@@ -62,24 +72,23 @@ func (h *eventHeap) push(e event) {
 	}
 }
 
-func (e *event) before(o *event) bool { return e.t < o.t || (e.t == o.t && e.seq < o.seq) }
-
-func (h *eventHeap) pop() event {
+func (h *eventHeap) pop() item {
 	q := *h
 	top := q[0]
 	n := len(q) - 1
 	q[0] = q[n]
-	q[n] = event{}
 	q = q[:n]
 	i := 0
 	for {
-		l := 2*i + 1
-		if l >= n {
+		c := 4*i + 1
+		if c >= n {
 			break
 		}
-		m := l
-		if r := l + 1; r < n && q[r].before(&q[l]) {
-			m = r
+		m := c
+		for j := c + 1; j < c+4 && j < n; j++ {
+			if q[j].before(&q[m]) {
+				m = j
+			}
 		}
 		if !q[m].before(&q[i]) {
 			break
@@ -101,7 +110,8 @@ type key struct {
 	lmax    float64   // thinning bound on the key's rate multiplier
 	on      bool
 	req     region.Request
-	rank    int // popularity rank (0 = most popular)
+	prep    []*region.Prepared // per agent (regionState.first + agent), made on first use
+	rank    int                // popularity rank (0 = most popular)
 	oracle  int64
 	rcTAT   []int64 // replicated-counter: per region local TAT
 	rcOut   []int64 // replicated-counter: [s·R+r] cost admitted in s not yet delivered to r
@@ -120,6 +130,7 @@ type regionState struct {
 	down   bool
 	rr     int
 	weight float64
+	first  int // index of this region's first agent among all agents
 }
 
 // failStore is the region's store as the Node sees it: the memstore, or
@@ -149,6 +160,8 @@ type Run struct {
 	now     int64
 	seq     uint64
 	events  eventHeap
+	msgs    []any   // messages of scheduled events
+	free    []int32 // free slots of msgs
 	keys    []key
 	regions []*regionState
 	policy  *region.Policy
@@ -169,10 +182,10 @@ type Run struct {
 	traceLn  traceLine
 	traceErr error
 
-	m   *metrics
-	d   region.Decision
-	ctx context.Context
-	dec decisions
+	m      *metrics
+	ctx    context.Context
+	dec    decisions
+	agents int // agents across regions
 }
 
 // decisions counts what the run decided.
@@ -363,6 +376,8 @@ func (r *Run) buildRegions() error {
 		}
 		st.store = ms
 		st.fail.s = ms
+		st.first = r.agents
+		r.agents += rg.Agents
 		for a := range rg.Agents {
 			ncfg := region.DefaultConfig(rg.Name, fmt.Sprintf("%s-%d", rg.Name, a+1), names...)
 			ncfg.Interval = cfg.Interval
@@ -416,8 +431,30 @@ func (r *Run) startCoordinator(now int64) error {
 
 func (r *Run) schedule(e event) {
 	r.seq++
-	e.seq = r.seq
-	r.events.push(e)
+	it := item{t: e.t, sk: r.seq<<8 | uint64(e.kind), a: e.a, b: e.b, c: e.c}
+	if e.msg != nil {
+		if n := len(r.free); n > 0 {
+			it.c = int64(r.free[n-1])
+			r.free = r.free[:n-1]
+			r.msgs[it.c] = e.msg
+		} else {
+			it.c = int64(len(r.msgs))
+			r.msgs = append(r.msgs, e.msg)
+		}
+	}
+	r.events.push(it)
+}
+
+// unpack turns a heap item back into its event, releasing its message slot.
+func (r *Run) unpack(it item) event {
+	e := event{t: it.t, kind: uint8(it.sk), a: it.a, b: it.b, c: it.c}
+	switch e.kind {
+	case evReport, evAck, evTable:
+		e.msg = r.msgs[it.c]
+		r.msgs[it.c] = nil
+		r.free = append(r.free, int32(it.c))
+	}
+	return e
 }
 
 // Simulate runs to the end and returns the result.
@@ -459,7 +496,7 @@ func (r *Run) Simulate() (*Result, error) {
 		r.schedule(event{t: (f.At + f.For).us(), kind: evFailoverUp})
 	}
 	for len(r.events) > 0 {
-		e := r.events.pop()
+		e := r.unpack(r.events.pop())
 		if e.t >= r.end {
 			break
 		}
@@ -699,14 +736,26 @@ func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 	} else {
 		rg.clock = r.now + rg.skew
 		rg.fail.down = r.redisDown(ri, r.now)
-		n := rg.nodes[rg.rr%len(rg.nodes)]
+		a := rg.rr % len(rg.nodes)
 		rg.rr++
-		k.req.Cost = cost
-		if err := n.Decide(r.ctx, rg.clock, &k.req, &r.d); err != nil {
-			panic(fmt.Sprintf("sim: decide %s: %v", k.name, err)) // the simulator built the request: a bug
+		n := rg.nodes[a]
+		if k.prep == nil {
+			k.prep = make([]*region.Prepared, r.agents)
 		}
-		allowed, retryAfter = r.d.Allowed, r.d.Result.RetryAfter
-		if r.d.Fallback {
+		p := k.prep[rg.first+a]
+		if p == nil {
+			var err error
+			if p, err = n.Prepare(&k.req); err != nil {
+				panic(fmt.Sprintf("sim: prepare %s: %v", k.name, err)) // the simulator built the request: a bug
+			}
+			k.prep[rg.first+a] = p
+		}
+		d, err := n.DecidePrepared(r.ctx, rg.clock, p, cost)
+		if err != nil {
+			panic(fmt.Sprintf("sim: decide %s: %v", k.name, err))
+		}
+		allowed, retryAfter = d.Allowed, d.Result.RetryAfter
+		if d.Fallback {
 			r.dec.Fallbacks++
 		}
 	}

@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gcra/memstore"
+	"pgregory.net/rapid"
 )
 
 const ms = int64(time.Millisecond / time.Microsecond)
@@ -623,4 +625,32 @@ func TestBadNowKeepsLiveKeys(t *testing.T) {
 	if r, err := s.DecideAt(h, 2000, &sch, 1); err != nil || r.Allowed {
 		t.Fatalf("after the bad now the key must still be spent: %+v, %v", r, err)
 	}
+}
+
+// DecideAll with one check takes Decide's path: the same results and state
+// as the composite path (DecideAllAt), over random sequences.
+func TestDecideAllOneCheckMatchesComposite(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		var now int64 = 1_000_000
+		clock := func() int64 { return now }
+		a, _ := memstore.New(memstore.Config{Clock: clock, Shards: 1, MaxKeys: 10})
+		b, _ := memstore.New(memstore.Config{Clock: clock, Shards: 1, MaxKeys: 10})
+		lim := gcra.FromInterval(rapid.Int64Range(1, 1000).Draw(rt, "T"), rapid.Int64Range(1, 10).Draw(rt, "burst"))
+		k := gcra.Key{Name: "k"}
+		h, err := b.Intern(k)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		for i := range rapid.IntRange(1, 50).Draw(rt, "n") {
+			now += rapid.Int64Range(0, 3000).Draw(rt, fmt.Sprintf("dt%d", i))
+			cost := rapid.Int64Range(0, 12).Draw(rt, fmt.Sprintf("cost%d", i))
+			checks := []gcra.Check{{Key: k, Schedule: gcra.Steady(lim), Cost: cost}}
+			outA, outB := make([]gcra.Result, 1), make([]gcra.Result, 1)
+			ra, errA := a.DecideAll(context.Background(), checks, outA)
+			rb, errB := b.DecideAllAt(now, []memstore.Handle{h}, checks, outB)
+			if (errA == nil) != (errB == nil) || ra != rb || outA[0] != outB[0] {
+				rt.Fatalf("step %d: fast path %+v/%+v (%v), composite %+v/%+v (%v)", i, ra, outA[0], errA, rb, outB[0], errB)
+			}
+		}
+	})
 }
