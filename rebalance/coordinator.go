@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
@@ -32,7 +33,10 @@ type Coordinator struct {
 	kstrat  []Strategy
 	pinned  [][]uint32
 	cur     []uint32    // shares the latest table gives (in force once applied)
+	curB    []int64     // per key × region: the bursts the latest table gives
 	pub     []uint32    // shares of the latest table, to find what changed
+	pubB    []int64     // bursts of the latest table
+	targetB []int64     // during a transition: the bursts the increase will give
 	rows    []KeyShares // per key: the latest table's row (immutable once published)
 	stamp   []uint64    // per key: the report that last counted it (Observe)
 	seq     uint64      // reports observed
@@ -167,6 +171,10 @@ func (c *Coordinator) strategy(name string) (Strategy, error) {
 // no table names); removed keys leave the next table. Every problem is
 // reported and nothing changes.
 func (c *Coordinator) SetBudgets(budgets []Budget) error {
+	// Tables list keys sorted (agents check it; lookups and the wire
+	// format rely on it), whatever order the budgets come in.
+	budgets = slices.Clone(budgets)
+	slices.SortStableFunc(budgets, func(a, b Budget) int { return strings.Compare(a.Key, b.Key) })
 	var errs []error
 	kidx := make(map[string]int, len(budgets))
 	kstrat := make([]Strategy, len(budgets))
@@ -230,6 +238,24 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 	if c.pub == nil {
 		pub = nil
 	}
+	// Bursts follow their key while its budget stays; a new key, or one
+	// whose budget changed, gets the bursts its shares give under the new
+	// budget.
+	remapB := func(old []int64, shares []uint32) []int64 {
+		if shares == nil {
+			return nil
+		}
+		out := make([]int64, len(budgets)*n)
+		for i, b := range budgets {
+			if o, ok := c.kidx[b.Key]; ok && old != nil && c.budgets[o].Limit == b.Limit {
+				copy(out[i*n:(i+1)*n], old[o*n:(o+1)*n])
+			} else {
+				splitRow(b.Limit, shares[i*n:(i+1)*n], out[i*n:(i+1)*n])
+			}
+		}
+		return out
+	}
+	curB, pubB, targetB := remapB(c.curB, cur), remapB(c.pubB, pub), remapB(c.targetB, target)
 	version := make([]uint64, len(budgets))
 	state := make([]float64, len(budgets)*n)
 	rows := make([]KeyShares, len(budgets))
@@ -277,6 +303,7 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 	}
 	c.budgets, c.kidx, c.kstrat, c.pinned = slices.Clone(budgets), kidx, kstrat, pinned
 	c.cur, c.target, c.pub, c.version, c.state, c.rows = cur, target, pub, version, state, rows
+	c.curB, c.targetB, c.pubB = curB, targetB, pubB
 	c.stamp = make([]uint64, len(budgets))
 	c.demand = nil
 	// A transition under way keeps its wait; its target follows the new
@@ -310,7 +337,7 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 		return fmt.Errorf("rebalance: term %d is not above the current term %d", term, max(c.term, termOf(latest)))
 	}
 	c.term, c.now = term, now
-	c.transition, c.target = false, nil
+	c.transition, c.target, c.targetB = false, nil, nil
 	if latest != nil {
 		c.epoch = max(c.epoch, latest.Epoch)
 		c.adopt(latest)
@@ -336,7 +363,7 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 		eff = max(now, latest.Effective) // a pending increase keeps its fence
 	}
 	c.fence = max(c.fence, eff)
-	c.publish(now, now, c.cur)
+	c.publish(now, now, c.cur, c.curB)
 	c.learnEpoch = c.epoch
 	c.next = now + c.dt
 	return nil
@@ -364,11 +391,22 @@ func (c *Coordinator) adopt(t *Table) {
 				row[ri] = ks.Shares[i]
 			}
 		}
+		brow := c.curB[k*n : (k+1)*n]
+		if len(ks.Bursts) == len(t.Regions) && ks.Budget == c.budgets[k].Limit {
+			for i, r := range t.Regions {
+				if ri, ok := c.ridx[r]; ok {
+					brow[ri] = ks.Bursts[i]
+				}
+			}
+		} else {
+			splitRow(c.budgets[k].Limit, row, brow)
+		}
 		c.version[k] = ks.Version
 	}
 	// What the stored table published is what the next table compares
 	// with, so unchanged keys keep their versions across a failover.
 	c.pub = slices.Clone(c.cur)
+	c.pubB = slices.Clone(c.curB)
 	c.rows = make([]KeyShares, len(c.budgets))
 }
 
@@ -513,7 +551,7 @@ func (c *Coordinator) Tick(now int64) {
 			c.learning = false
 		} else {
 			if now >= c.next {
-				c.publish(now, now, c.cur) // renew the leases, shares unchanged
+				c.publish(now, now, c.cur, c.curB) // renew the leases, shares unchanged
 				c.next = now + c.dt
 			}
 			return
@@ -523,8 +561,9 @@ func (c *Coordinator) Tick(now int64) {
 		c.fence = max(c.fence, now, c.decreased+int64(c.cfg.Fence/time.Microsecond))
 		c.free(c.cur)
 		c.cur, c.target = c.target, nil
+		c.curB, c.targetB = c.targetB, nil
 		c.transition = false
-		c.publish(now, now, c.cur)
+		c.publish(now, now, c.cur, c.curB)
 		// The next rebalance waits for the increase to be in force: a
 		// table issued before then would supersede it while pending, and
 		// with Fence ≥ Δ increases would never land.
@@ -535,7 +574,7 @@ func (c *Coordinator) Tick(now int64) {
 	}
 	c.next = now + c.dt
 	if c.transition {
-		c.publish(now, now, c.cur) // renew the leases while the decrease lands
+		c.publish(now, now, c.cur, c.curB) // renew the leases while the decrease lands
 		return
 	}
 	c.rebalance(now)

@@ -49,6 +49,30 @@ func mustCoordinator(t *testing.T, cfg Config, budgets ...Budget) *Coordinator {
 	return c
 }
 
+// settle completes a transition under way at now: every agent the latest
+// table names acknowledges it, and the coordinator ticks; it returns the
+// tables published meanwhile.
+func settle(t *testing.T, c *Coordinator, now int64) []*Table {
+	t.Helper()
+	var out []*Table
+	for i := 0; c.transition && i < 3; i++ {
+		tb := c.Latest()
+		for ri, agents := range tb.Agents {
+			for _, a := range agents {
+				if err := c.Ack(tb.Regions[ri], a, tb.Term, tb.Epoch); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		c.Tick(now)
+		out = append(out, take(c)...)
+	}
+	if c.transition {
+		t.Fatal("settle: the transition did not complete")
+	}
+	return out
+}
+
 // take returns the tables Ready holds and advances.
 func take(c *Coordinator) []*Table {
 	out := slices.Clone(c.Ready())
@@ -222,6 +246,7 @@ func TestStartTermRepublishesAndLearns(t *testing.T) {
 	observe(t, old, "c", "c1", 0, sec, map[string]int64{"k1": 10, "k2": 500})
 	old.Tick(sec)
 	take(old)
+	settle(t, old, sec)
 	stored := old.Latest()
 	if slices.Equal(sharesOf(stored, "k1"), old.safe) {
 		t.Fatal("setup: shares still at the floors")
@@ -300,6 +325,7 @@ func TestStartTermKeepsVersion(t *testing.T) {
 	observe(t, old, "b", "b1", 0, sec, map[string]int64{"k": 100})
 	old.Tick(sec)
 	take(old)
+	settle(t, old, sec)
 	stored := old.Latest()
 	c := mustCoordinator(t, cfg, budget("k"))
 	if err := c.StartTerm(2, stored, 2*sec); err != nil {
@@ -528,6 +554,7 @@ func TestBreakBeforeMake(t *testing.T) {
 		observe(t, c, "b", "b1", 0, sec, map[string]int64{"k": 100})
 		c.Tick(sec)
 		take(c)
+		settle(t, c, sec) // moving off the floors moves bursts: break before make
 		observe(t, c, "a", "a1", 1, 2*sec, map[string]int64{"k": 100})
 		observe(t, c, "b", "b1", 1, 2*sec, map[string]int64{"k": 900})
 		prev := c.Latest()
@@ -681,8 +708,8 @@ func TestSetBudgetsKeepsTransition(t *testing.T) {
 	}
 }
 
-// KeyShares.Version increments by exactly one each time a key's shares
-// change and not otherwise, across a run with demand moving around.
+// KeyShares.Version increments by exactly one each time a key's shares or
+// bursts change and not otherwise, across a run with demand moving around.
 func TestVersionCountsChanges(t *testing.T) {
 	w := newWorld(t, 11, worldConfig("a", "b", "c"), []int{1, 2, 1}, []string{"proportional", "ewma", "maxmin"}, quietNet())
 	for ri := range w.regions {
@@ -699,12 +726,12 @@ func TestVersionCountsChanges(t *testing.T) {
 		p, n := w.tables[i-1], w.tables[i]
 		for k := range n.Keys {
 			want := p.Keys[k].Version
-			if !slices.Equal(p.Keys[k].Shares, n.Keys[k].Shares) {
+			if !slices.Equal(p.Keys[k].Shares, n.Keys[k].Shares) || !slices.Equal(p.Keys[k].Bursts, n.Keys[k].Bursts) {
 				want++
 				changes++
 			}
 			if n.Keys[k].Version != want {
-				t.Errorf("table (%d,%d) key %s: Version %d, want %d (shares %v → %v)", n.Term, n.Epoch, n.Keys[k].Key, n.Keys[k].Version, want, p.Keys[k].Shares, n.Keys[k].Shares)
+				t.Errorf("table (%d,%d) key %s: Version %d, want %d (shares %v → %v, bursts %v → %v)", n.Term, n.Epoch, n.Keys[k].Key, n.Keys[k].Version, want, p.Keys[k].Shares, n.Keys[k].Shares, p.Keys[k].Bursts, n.Keys[k].Bursts)
 			}
 		}
 	}

@@ -106,20 +106,38 @@ func (c *Coordinator) rebalance(now int64) {
 			}
 		}
 	}
+	// Bursts are split from the shares (SplitBurst), so a change of shares
+	// can move burst from one region to another even where no share falls:
+	// a falling burst is a decrease too.
+	desiredB := make([]int64, K*n)
+	for k := range K {
+		splitRow(c.budgets[k].Limit, desired[k*n:(k+1)*n], desiredB[k*n:(k+1)*n])
+	}
+	if !decrease {
+		for i := range desiredB {
+			if desiredB[i] < c.curB[i] {
+				decrease = true
+				break
+			}
+		}
+	}
 	if !decrease || c.cfg.Shadow {
 		c.free(c.cur)
-		c.cur = desired
-		c.publish(now, now, c.cur)
+		c.cur, c.curB = desired, desiredB
+		c.publish(now, now, c.cur, c.curB)
 		return
 	}
-	// Break before make: publish min(current, desired) now; the increases
-	// wait until every agent the previous table named in a decreasing
-	// region has the decrease in force, or its lease plus skew has passed.
+	// Break before make: publish min(current, desired) now — shares and
+	// bursts — and the increases wait until every agent the previous table
+	// named in a decreasing region has the decrease in force, or its lease
+	// plus skew has passed.
 	dec := c.buffer(K * n)
+	decB := make([]int64, K*n)
 	decRegion := make([]bool, n)
 	for i := range dec {
 		dec[i] = min(c.cur[i], desired[i])
-		if desired[i] < c.cur[i] {
+		decB[i] = min(c.curB[i], desiredB[i])
+		if desired[i] < c.cur[i] || desiredB[i] < c.curB[i] {
 			decRegion[i%n] = true
 		}
 	}
@@ -136,8 +154,9 @@ func (c *Coordinator) rebalance(now int64) {
 	}
 	c.free(c.cur)
 	c.cur, c.target = dec, desired
+	c.curB, c.targetB = decB, desiredB
 	c.transition = true
-	c.publish(now, now, c.cur)
+	c.publish(now, now, c.cur, c.curB)
 	c.decEpoch = c.epoch
 	// The decrease may take effect later than now (an earlier increase's
 	// fence): the increase is fenced from when the decrease is in force.
@@ -218,7 +237,7 @@ func (c *Coordinator) small(d, cur []uint32) bool {
 // publish makes the next table with the given shares, effective at eff
 // (never before the last increase's fence: a later table carries the
 // increased shares too).
-func (c *Coordinator) publish(now, eff int64, shares []uint32) {
+func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 	n := c.nR
 	K := len(c.budgets)
 	lease := int64(c.cfg.Lease / time.Microsecond)
@@ -285,35 +304,48 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32) {
 	// Rows of keys whose shares did not change are shared with the previous
 	// table (tables are immutable once published); changed rows get new
 	// shares, limits and a version one higher.
+	same := func(k int) bool {
+		return c.pub != nil && c.pubB != nil &&
+			slices.Equal(c.pub[k*n:(k+1)*n], shares[k*n:(k+1)*n]) &&
+			slices.Equal(c.pubB[k*n:(k+1)*n], bursts[k*n:(k+1)*n])
+	}
 	changedRows := 0
 	for k := range K {
-		row := shares[k*n : (k+1)*n]
-		if c.rows[k].Shares != nil && c.pub != nil && slices.Equal(c.pub[k*n:(k+1)*n], row) {
+		if c.rows[k].Shares != nil && same(k) {
 			continue
 		}
 		changedRows++
 	}
 	backS := make([]uint32, changedRows*n)
+	backB := make([]int64, changedRows*n)
 	for k := range K {
 		row := shares[k*n : (k+1)*n]
 		prev := &c.rows[k]
-		if prev.Shares != nil && c.pub != nil && slices.Equal(c.pub[k*n:(k+1)*n], row) {
+		unchanged := same(k)
+		if prev.Shares != nil && unchanged {
 			t.Keys[k] = *prev
 			continue
 		}
-		if c.pub == nil || !slices.Equal(c.pub[k*n:(k+1)*n], row) {
+		if !unchanged {
 			c.version[k]++
 		}
 		s := backS[:n:n]
 		backS = backS[n:]
 		copy(s, row)
-		*prev = KeyShares{Key: c.budgets[k].Key, Budget: c.budgets[k].Limit, Shares: s, Version: c.version[k]}
+		b := backB[:n:n]
+		backB = backB[n:]
+		copy(b, bursts[k*n:(k+1)*n])
+		*prev = KeyShares{Key: c.budgets[k].Key, Budget: c.budgets[k].Limit, Shares: s, Bursts: b, Version: c.version[k]}
 		t.Keys[k] = *prev
 	}
 	if len(c.pub) != K*n {
 		c.pub = make([]uint32, K*n)
 	}
 	copy(c.pub, shares)
+	if len(c.pubB) != K*n {
+		c.pubB = make([]int64, K*n)
+	}
+	copy(c.pubB, bursts)
 	c.latest = t
 	c.ready = append(c.ready, t)
 }

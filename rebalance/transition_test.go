@@ -117,6 +117,30 @@ func (a *wagent) share(t int64, k int, floor uint32) uint32 {
 	return s
 }
 
+// burst is the burst the agent runs for key index k at t, as the region
+// core does: the in-force table's (its row's Bursts, or split from its
+// shares), min(that, the floor's burst) past the lease or unnamed; the
+// floor's burst cold. The floor's burst is region.SafeLimit's: the
+// budget's burst times the floor, rounded down, at least 1 when the burst
+// has a unit per region.
+func (a *wagent) burst(t int64, k int, floor uint32, budget gcra.Limit, regions int) int64 {
+	fb := budget.Burst() * int64(floor) / PPM
+	if fb == 0 && budget.Burst() >= int64(regions) {
+		fb = 1
+	}
+	tb := a.inForce(t)
+	if tb == nil {
+		return fb
+	}
+	ks := &tb.Keys[k]
+	var la [16]gcra.Limit
+	b := ks.Limits(la[:0])[a.ri].Burst()
+	if t+a.off >= tb.Leases[a.ri] || !slices.Contains(tb.Agents[a.ri], a.name) {
+		b = min(b, fb)
+	}
+	return b
+}
+
 type event struct {
 	at  int64
 	seq uint64
@@ -493,6 +517,18 @@ func (w *world) checkSafety() {
 			sum += m
 		}
 		w.maxSum = max(w.maxSum, sum)
+		bsum := int64(0)
+		for ri, agents := range w.byRegion {
+			m := int64(0)
+			for _, a := range agents {
+				m = max(m, a.burst(w.now, k, w.floors[ri], w.budgets[k].Limit, len(w.regions)))
+			}
+			bsum += m
+		}
+		if b := w.budgets[k].Limit.Burst(); bsum > b {
+			w.fail("key %s: Σ bursts in force %d > the budget's %d", w.budgets[k].Key, bsum, b)
+			return
+		}
 		if sum > PPM {
 			_, per := w.sumInForce(k)
 			var detail []string

@@ -41,13 +41,19 @@ type Member struct {
 }
 
 // KeyShares is one key's row of a share table: per region (in the table's
-// region order) the share in ppm. The regional limits are derived from the
-// shares and the budget (Limits, Limit) — the same for every reader, and not
-// stored, so a table of 100,000 keys × 10 regions costs its shares only.
+// region order) the share in ppm and the burst. The regional limits are
+// derived from them and the budget (Limits, Limit) — the same for every
+// reader.
 type KeyShares struct {
 	Key    string
 	Budget gcra.Limit
 	Shares []uint32
+	// Bursts is each region's burst (events). The coordinator splits the
+	// budget's burst by the shares (SplitBurst) and moves bursts break
+	// before make like shares: a table that lowers one region's burst
+	// while raising another's would let both run at once. A row without
+	// Bursts (len ≠ len(Shares)) derives them from the shares.
+	Bursts []int64
 	// Version counts the changes to this key's shares, one per table that
 	// changed them: the epoch a region passes to its store for this key
 	// (gcra.Version.Epoch), so the key's state is converted only when its
@@ -57,7 +63,9 @@ type KeyShares struct {
 
 // Table is the coordinator's assignment. Tables are ordered by (Term,
 // Epoch). A region applies a table's shares from Effective on; Leases[r] is
-// how long region r may run on it without hearing from the coordinator.
+// the instant (µs on the coordinator's clock, like Issued) until which
+// region r may run on it without hearing from the coordinator: an absolute
+// time, not a duration.
 // Agents lists, per region, the agents the table names (those whose
 // acknowledgements an increase waits for).
 type Table struct {
@@ -67,7 +75,7 @@ type Table struct {
 	Effective     int64 // µs
 	PolicyVersion string
 	Regions       []string
-	Leases        []int64    // µs, per region
+	Leases        []int64    // µs, per region: lease expiry instants
 	Agents        [][]string // per region, sorted
 	Keys          []KeyShares
 	// Shadow marks a table computed by a shadow coordinator: for display,
@@ -82,11 +90,18 @@ func (t *Table) Newer(term, epoch uint64) bool {
 
 // Limits derives the row's regional limits into dst (resized to
 // len(Shares)) and returns it: T_r = ceil(T·10⁶/s_r) from the budget's
-// rounded emission interval, and the budget's burst split over the regions
-// by SplitBurst, every region with a share counting as one with demand.
+// rounded emission interval, with the row's Bursts — or, in a row without
+// them, the budget's burst split over the regions by SplitBurst, every
+// region with a share counting as one with demand.
 func (ks *KeyShares) Limits(dst []gcra.Limit) []gcra.Limit {
 	n := len(ks.Shares)
 	dst = slices.Grow(dst[:0], n)[:n]
+	if len(ks.Bursts) == n {
+		for i, s := range ks.Shares {
+			dst[i] = RegionalLimit(ks.Budget, s, ks.Bursts[i])
+		}
+		return dst
+	}
 	var wa [16]float64
 	var ba [16]int64
 	var ha [16]bool
@@ -107,4 +122,14 @@ func (ks *KeyShares) Limits(dst []gcra.Limit) []gcra.Limit {
 func (ks *KeyShares) Limit(r int) gcra.Limit {
 	var la [16]gcra.Limit
 	return ks.Limits(la[:0])[r]
+}
+
+// splitRow writes the bursts a row of shares gives under budget: what
+// Limits derives for a row without Bursts.
+func splitRow(budget gcra.Limit, shares []uint32, out []int64) {
+	ks := KeyShares{Budget: budget, Shares: shares}
+	var la [16]gcra.Limit
+	for i, l := range ks.Limits(la[:0]) {
+		out[i] = l.Burst()
+	}
 }

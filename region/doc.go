@@ -68,7 +68,7 @@
 // derived from the key's version in the table, the same in every agent of a
 // region: 4v+4 for version v, +1 when the region runs it reduced, +2
 // restored, +3 reduced again; 1 for a key no table names. When the
-// region's lease (Issued + Leases[r]) passes without a newer table, Tick
+// region's lease (the table's Leases[r], an instant) passes without a newer table, Tick
 // reduces every key to min(last share, safe share); a key missing from the
 // table runs at the safe share; a key whose budget in the table differs from
 // the policy (a rollout in progress) runs at min(table share, safe share).

@@ -32,7 +32,7 @@ domains:
 	// effective a second ago.
 	key := region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}})
 	err = node.Apply(&rebalance.Table{Term: 1, Epoch: 1, Issued: now, Effective: now - 1e6,
-		Regions: []string{"eu", "us"}, Leases: []int64{30e6, 30e6},
+		Regions: []string{"eu", "us"}, Leases: []int64{now + 30e6, now + 30e6},
 		Keys: []rebalance.KeyShares{{Key: key, Budget: policy.Rules()[0].Limit, Shares: []uint32{750_000, 250_000}, Version: 1}}}, now)
 	if err != nil {
 		panic(err)

@@ -142,7 +142,7 @@ func table(term, epoch uint64, issued, effective int64, version uint64, euShare 
 		KeyName("api", []Entry{{"tenant", "acme"}, {"route", "/search"}}): gcra.PerHour(50, 4),
 	}
 	t := &rebalance.Table{Term: term, Epoch: epoch, Issued: issued, Effective: effective,
-		Regions: regions, Leases: []int64{30e6, 30e6}, Agents: [][]string{{"eu-1"}, {"us-1"}}}
+		Regions: regions, Leases: []int64{issued + 30e6, issued + 30e6}, Agents: [][]string{{"eu-1"}, {"us-1"}}}
 	for _, k := range keys {
 		t.Keys = append(t.Keys, rebalance.KeyShares{Key: k, Budget: pol[k], Shares: []uint32{euShare, rebalance.PPM - euShare}, Version: version})
 	}
@@ -237,7 +237,7 @@ func TestNodeLapsedLeaseRunsAtMinLastSafe(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e env, n *Node) {
 		now := e.now()
 		tb := table(1, 1, now-20e6, now-hour, 1, 700_000, acme)
-		tb.Leases = []int64{10e6, 10e6} // lapsed 10 s ago
+		tb.Leases = []int64{now - 10e6, now - 10e6} // lapsed 10 s ago
 		if err := n.Apply(tb, now-20e6); err != nil {
 			t.Fatal(err)
 		}

@@ -37,8 +37,9 @@ func (n *Node) Table() TableState {
 // takes effect at t.Effective on the store's clock (the store applies
 // "limit changes keep tokens"), so decreases and increases happen when the
 // coordinator scheduled them. The lease for this region runs until
-// t.Issued + t.Leases[r]; Tick reduces every key to min(last share, safe
-// share) once it passes. Apply runs on the Tick goroutine.
+// t.Leases[r] (an instant on the coordinator's clock); Tick reduces every
+// key to min(last share, safe share) once it passes. Apply runs on the
+// Tick goroutine.
 func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	if t == nil {
 		return fmt.Errorf("%w: nil", ErrBadTable)
@@ -78,7 +79,7 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 			rows[k] = &nr
 		}
 	}
-	n.leaseExpiry = t.Issued + t.Leases[r]
+	n.leaseExpiry = t.Leases[r]
 	prevTerm, prevEpoch := old.term, old.epoch
 	if old.hasTable && now < old.effective {
 		prevTerm, prevEpoch = old.prevTerm, old.prevEpoch // the old table never came into force

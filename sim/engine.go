@@ -173,6 +173,7 @@ type Run struct {
 	coordIdx  int
 	term      uint64
 	stored    *rebalance.Table // the KV bucket's latest table
+	members   []rebalance.Member
 	end       int64
 	warmup    int64
 	tickEvery int64
@@ -206,7 +207,10 @@ func NewRun(sc *Scenario, strategy string, interval time.Duration, seed uint64, 
 		r.end = (trace.end + 999_999) / 1_000_000 * 1_000_000
 	}
 	r.warmup = sc.Warmup.us()
-	r.tickEvery = min(r.interval/4, 250_000)
+	// Agents and the coordinator run their loops every 100 ms (at most
+	// Δ/10), as the shells do: acknowledgements and the increases that wait
+	// for them go out promptly, not a whole Δ later.
+	r.tickEvery = min(r.interval/10, 100_000)
 	if err := r.buildKeys(); err != nil {
 		return nil, err
 	}
@@ -357,8 +361,8 @@ func (r *Run) buildRegions() error {
 		cfg.Fence = r.sc.Fence.D()
 	}
 	cfg.Strategy = r.strategy
-	if r.strategy == ReplicatedCounter {
-		cfg.Strategy = "static" // unused: the baseline has no coordinator
+	if r.baseline() {
+		cfg.Strategy = "static" // unused: the baselines have no coordinator
 	}
 	cfg.Params.AllowOvercommit = r.strategy == "full"
 	if err := cfg.Validate(); err != nil {
@@ -395,11 +399,14 @@ func (r *Run) buildRegions() error {
 			r.coordIdx = i
 		}
 	}
-	if r.strategy == ReplicatedCounter {
+	switch r.strategy {
+	case ReplicatedCounter:
 		for i := range r.keys {
 			r.keys[i].rcTAT = make([]int64, len(r.regions))
 			r.keys[i].rcOut = make([]int64, len(r.regions)*len(r.regions))
 		}
+		return nil
+	case Oracle:
 		return nil
 	}
 	return r.startCoordinator(0)
@@ -415,19 +422,51 @@ func (r *Run) startCoordinator(now int64) error {
 	if err := c.StartTerm(r.term, r.stored, now); err != nil {
 		return err
 	}
+	r.coord, r.coordUp = c, true
+	r.members = nil
+	if err := r.membership(); err != nil {
+		return err
+	}
+	r.publish()
+	return nil
+}
+
+// membership tells the coordinator which agents it can see: those of the
+// regions that are up and not partitioned from it, as memberlist would
+// after its failure detection (modelled as instant).
+func (r *Run) membership() error {
 	var members []rebalance.Member
-	for _, rg := range r.regions {
+	for ri, rg := range r.regions {
+		if r.regionDown(ri, r.now) || r.partitioned(ri, r.coordIdx) {
+			continue
+		}
 		for a := range rg.nodes {
 			members = append(members, rebalance.Member{Region: rg.name, Agent: fmt.Sprintf("%s-%d", rg.name, a+1)})
 		}
 	}
-	if err := c.MemberChange(members); err != nil {
-		return err
+	if r.members != nil && slices.Equal(members, r.members) {
+		return nil
 	}
-	r.coord, r.coordUp = c, true
-	r.publish()
-	return nil
+	r.members = members
+	if members == nil {
+		r.members = []rebalance.Member{}
+	}
+	return r.coord.MemberChange(members)
 }
+
+// partitioned reports whether a partition separates regions a and b now.
+func (r *Run) partitioned(a, b int) bool {
+	for _, p := range r.sc.Faults.Partitions {
+		if inSpell(r.now, p.At, p.For) && slices.Contains(p.Side, r.regions[a].name) != slices.Contains(p.Side, r.regions[b].name) {
+			return true
+		}
+	}
+	return false
+}
+
+// baseline reports whether the run models a system other than Meridian
+// (no coordinator, no nodes deciding).
+func (r *Run) baseline() bool { return r.strategy == ReplicatedCounter || r.strategy == Oracle }
 
 func (r *Run) schedule(e event) {
 	r.seq++
@@ -486,9 +525,11 @@ func (r *Run) Simulate() (*Result, error) {
 			r.schedule(event{t: 0, kind: evAgentTick, a: int32(ri), b: int32(a)})
 		}
 	}
-	if r.strategy == ReplicatedCounter {
+	switch r.strategy {
+	case ReplicatedCounter:
 		r.schedule(event{t: r.sc.Sync.us(), kind: evSync})
-	} else {
+	case Oracle:
+	default:
 		r.schedule(event{t: r.interval, kind: evCoordTick})
 	}
 	for _, f := range r.sc.Coordinator.Failovers {
@@ -634,10 +675,13 @@ func (r *Run) handle(e *event) error {
 		r.schedule(event{t: e.t + r.tickEvery, kind: evAgentTick, a: e.a, b: e.b})
 	case evCoordTick:
 		if r.coordUp {
+			if err := r.membership(); err != nil {
+				return err
+			}
 			r.coord.Tick(r.coordNow())
 			r.publish()
 		}
-		r.schedule(event{t: e.t + r.interval, kind: evCoordTick})
+		r.schedule(event{t: e.t + r.tickEvery, kind: evCoordTick})
 	case evReport:
 		if r.coordUp {
 			_ = r.coord.Observe(e.msg.(*rebalance.Report), r.coordNow())
@@ -731,9 +775,12 @@ func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 	}
 	var allowed bool
 	var retryAfter time.Duration
-	if r.strategy == ReplicatedCounter {
+	switch r.strategy {
+	case Oracle:
+		allowed, retryAfter = or.Allowed, or.RetryAfter
+	case ReplicatedCounter:
 		allowed, retryAfter = r.rcDecide(k, ri, cost)
-	} else {
+	default:
 		rg.clock = r.now + rg.skew
 		rg.fail.down = r.redisDown(ri, r.now)
 		a := rg.rr % len(rg.nodes)
@@ -838,7 +885,7 @@ func (r *Run) sample() {
 		k := &r.keys[i]
 		for ri, rg := range r.regions {
 			share := 1.0
-			if r.strategy != ReplicatedCounter {
+			if !r.baseline() {
 				var d region.Decision
 				if err := rg.nodes[0].Resolve(&k.req, &d); err == nil && len(d.Matches) == 1 {
 					sch := &d.Matches[0].Schedule
@@ -871,10 +918,8 @@ func (r *Run) link(a, b int) (int64, bool) {
 			l = o
 		}
 	}
-	for _, p := range r.sc.Faults.Partitions {
-		if inSpell(r.now, p.At, p.For) && slices.Contains(p.Side, r.regions[a].name) != slices.Contains(p.Side, r.regions[b].name) {
-			return 0, true
-		}
+	if r.partitioned(a, b) {
+		return 0, true
 	}
 	if r.regionDown(a, r.now) || r.regionDown(b, r.now) {
 		return 0, true
@@ -897,10 +942,10 @@ func (r *Run) agentTick(ri, a int) {
 	}
 	n := rg.nodes[a]
 	local := r.now + rg.skew
-	if rep := n.Tick(local); rep != nil && r.strategy != ReplicatedCounter {
+	if rep := n.Tick(local); rep != nil && !r.baseline() {
 		r.send(ri, evReport, int32(ri), int32(a), rep, reportBytes(rep))
 	}
-	if r.strategy == ReplicatedCounter {
+	if r.baseline() {
 		return
 	}
 	term, epoch := n.InForce(local)

@@ -57,6 +57,8 @@ type WindowResult struct {
 type KeyResult struct {
 	Key            string  `json:"key"`
 	Budget         string  `json:"budget"`
+	IntervalMicros int64   `json:"budget_interval_us"`
+	Burst          int64   `json:"budget_burst"`
 	Offered        int64   `json:"offered"`
 	OracleAdmitted int64   `json:"oracle_admitted"`
 	Admitted       int64   `json:"admitted"`
@@ -144,7 +146,8 @@ func (r *Run) result() *Result {
 	w1 := m.wins[0]
 	for i := range r.keys {
 		k := &r.keys[i]
-		res.Keys = append(res.Keys, KeyResult{Key: k.name, Budget: k.budget.String(), Offered: m.offered[i],
+		res.Keys = append(res.Keys, KeyResult{Key: k.name, Budget: k.budget.String(), IntervalMicros: k.budget.IntervalMicros(),
+			Burst: k.budget.Burst(), Offered: m.offered[i],
 			OracleAdmitted: m.oracle[i], Admitted: m.admitted[i],
 			OA1s:     float64(w1.over[i]) / float64(max(w1.star[i], 1)),
 			UA1s:     float64(w1.under[i]) / float64(max(w1.star[i], 1)),

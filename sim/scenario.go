@@ -217,6 +217,10 @@ type RegionSpell struct {
 // ReplicatedCounter names the baseline that is not a Meridian strategy.
 const ReplicatedCounter = "replicated-counter"
 
+// Oracle names the check that decides with the oracle itself: it must
+// score exactly 0 on every metric (not in the default list).
+const Oracle = "oracle"
+
 // ErrScenario wraps every scenario error.
 var ErrScenario = errors.New("sim: invalid scenario")
 
@@ -448,7 +452,7 @@ func (s *Scenario) Validate() error {
 		region(p+".region", r.Region)
 		s.checkSpell(&errs, p, r.FaultSpell)
 	}
-	valid := append(rebalance.StrategyNames(), ReplicatedCounter)
+	valid := append(rebalance.StrategyNames(), ReplicatedCounter, Oracle)
 	seen := map[string]bool{}
 	for i, st := range s.Strategies {
 		p := fmt.Sprintf("strategies[%d]", i)

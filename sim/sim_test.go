@@ -1,0 +1,370 @@
+package sim
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func mustScenario(t *testing.T, src string) *Scenario {
+	t.Helper()
+	sc, err := ParseScenario([]byte(src))
+	if err != nil {
+		t.Fatalf("ParseScenario: %v", err)
+	}
+	return sc
+}
+
+func sweep(t *testing.T, sc *Scenario, opt Options) *Report {
+	t.Helper()
+	rep, err := Sweep(sc, opt)
+	if err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	return rep
+}
+
+// small is a short three-region scenario for the tests.
+const small = `
+name: small
+duration: 40s
+warmup: 10s
+seeds: [1, 2]
+regions: [{name: eu}, {name: us}, {name: ap}]
+latency: {mean: 30ms, jitter: 5ms, loss: 0.01}
+keys: {count: 20, zipf: 1, sigma: 1, over_fraction: 0.3, burst_seconds: 1, home_fraction: 0.7}
+workload: {rate: 2000, cost_pareto: 2.5, cost_max: 5, retry: {max: 2, jitter: 0.5}}
+faults:
+  partitions: [{side: [ap], at: 20s, for: 5s}]
+strategies: [ewma, static, replicated-counter]
+intervals: [1s, 2s]
+`
+
+func TestDeterministicWhateverTheWorkers(t *testing.T) {
+	sc := mustScenario(t, small)
+	var out [2]bytes.Buffer
+	for i, workers := range []int{1, 3} {
+		rep := sweep(t, sc, Options{Workers: workers, KeyDetail: true})
+		if err := rep.WriteJSON(&out[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(out[0].Bytes(), out[1].Bytes()) {
+		t.Fatal("the JSON report differs between 1 and 3 workers")
+	}
+	// A different seed gives a different run (the seed is used).
+	a := sweep(t, sc, Options{Seeds: []uint64{1}, Strategies: []string{"ewma"}, Intervals: []time.Duration{time.Second}})
+	b := sweep(t, sc, Options{Seeds: []uint64{2}, Strategies: []string{"ewma"}, Intervals: []time.Duration{time.Second}})
+	if a.Runs[0].Requests == b.Runs[0].Requests {
+		t.Errorf("seeds 1 and 2 made the same number of requests (%d)", a.Runs[0].Requests)
+	}
+}
+
+// analytic is a scenario with every key offered 3× its budget at ≥ 1,000
+// requests/s in all, 10 s of warm-up, no latency.
+func analytic(t *testing.T, homeFraction float64, extra string) *Scenario {
+	return mustScenario(t, fmt.Sprintf(`
+name: analytic
+duration: 70s
+warmup: 10s
+regions: [{name: eu}, {name: us}, {name: ap}]
+keys: {count: 4, zipf: 0, ratio: 3, burst_seconds: 1, home_fraction: %v}
+workload: {rate: 4000}
+%s`, homeFraction, extra))
+}
+
+func TestAnalyticStaticSingleRegion(t *testing.T) {
+	// All of a key's traffic in one region; static gives it a third.
+	rep := sweep(t, analytic(t, 1, ""), Options{Strategies: []string{"static"}, Intervals: []time.Duration{time.Second}})
+	ua := rep.Runs[0].Windows[0].UA.Mean
+	if math.Abs(ua-2.0/3) > 0.02 {
+		t.Errorf("static, single-region keys: UA = %.4f, want 2/3 within 0.02", ua)
+	}
+}
+
+func TestAnalyticFullEvenSpread(t *testing.T) {
+	// Traffic spread evenly: full admits the budget in each of 3 regions.
+	rep := sweep(t, analytic(t, 0, ""), Options{Strategies: []string{"full"}, Intervals: []time.Duration{time.Second}})
+	oa := rep.Runs[0].OABudget.Mean
+	if math.Abs(oa-2) > 0.04 {
+		t.Errorf("full, even spread: OA_budget = %.4f, want 2 (200 %%) within 0.04", oa)
+	}
+}
+
+func TestAnalyticProportionalStationary(t *testing.T) {
+	// No reservations or local leases in the simulator, so no fence is
+	// needed between a decrease and its increase.
+	rep := sweep(t, analytic(t, 0.6, "fence: 1ms\n"), Options{Strategies: []string{"proportional"}, Intervals: []time.Duration{time.Second}})
+	r := rep.Runs[0]
+	dev := math.Abs(float64(r.Admitted-r.OracleAdmitted)) / float64(r.OracleAdmitted)
+	if dev > 0.01 {
+		t.Errorf("proportional, stationary demand, no latency: admitted %d vs oracle %d (%.2f%%), want within 1%%",
+			r.Admitted, r.OracleAdmitted, 100*dev)
+	}
+}
+
+func TestOracleAgainstItselfScoresZero(t *testing.T) {
+	rep := sweep(t, mustScenario(t, small), Options{Strategies: []string{Oracle}})
+	for _, r := range rep.Runs {
+		for _, w := range r.Windows {
+			if w.OA != (Summary{Keys: w.OA.Keys}) || w.UA != (Summary{Keys: w.UA.Keys}) || w.Fairness.Max != 0 {
+				t.Errorf("oracle vs oracle, %s window: OA %+v UA %+v fairness %+v, want all 0", w.Window.D(), w.OA, w.UA, w.Fairness)
+			}
+		}
+		if r.OABudget.Max != 0 || r.Disagreement != 0 || r.Admitted != r.OracleAdmitted {
+			t.Errorf("oracle vs oracle: OA_budget %+v disagreement %v admitted %d vs %d", r.OABudget, r.Disagreement, r.Admitted, r.OracleAdmitted)
+		}
+	}
+}
+
+// TestOracleMatchesIndependentGCRA replays a random trace and recomputes
+// each key's admitted cost with a plain GCRA written here.
+func TestOracleMatchesIndependentGCRA(t *testing.T) {
+	sc := mustScenario(t, `
+name: trace
+duration: 30s
+regions: [{name: eu}, {name: us}]
+keys: {count: 1, ratio: 2, burst_seconds: 2}
+workload: {rate: 1}
+`)
+	rng := rand.New(rand.NewPCG(7, 7))
+	type line struct {
+		ts   int64
+		key  string
+		cost int64
+	}
+	var lines []line
+	var b strings.Builder
+	b.WriteString("ts_us,key,region,cost\n")
+	ts := int64(0)
+	for range 20000 {
+		ts += rng.Int64N(3000)
+		l := line{ts: ts, key: fmt.Sprintf("k%d", rng.IntN(5)), cost: 1 + rng.Int64N(3)}
+		lines = append(lines, l)
+		fmt.Fprintf(&b, "%d,%s,%s,%d\n", l.ts, l.key, []string{"eu", "us"}[rng.IntN(2)], l.cost)
+	}
+	path := filepath.Join(t.TempDir(), "trace.csv")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := OpenTrace(path, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := sweep(t, sc, Options{Trace: tr, Strategies: []string{"ewma"}, Intervals: []time.Duration{time.Second}, KeyDetail: true})
+	res := rep.Runs[0]
+	if res.Requests != int64(len(lines)) {
+		t.Fatalf("simulated %d requests, the trace has %d", res.Requests, len(lines))
+	}
+	for _, kr := range res.Keys {
+		name := strings.TrimPrefix(kr.Key, "sim/k=")
+		// The plainest GCRA: a key may take cost n at ts if, after
+		// adding n emission intervals to max(tat, ts), it is at most
+		// burst intervals ahead of ts.
+		tat, want := int64(0), int64(0)
+		for _, l := range lines {
+			if l.key != name {
+				continue
+			}
+			next := tat
+			if l.ts > next {
+				next = l.ts
+			}
+			next += l.cost * kr.IntervalMicros
+			if next-l.ts <= kr.Burst*kr.IntervalMicros {
+				tat = next
+				want += l.cost
+			}
+		}
+		if kr.OracleAdmitted != want {
+			t.Errorf("%s: oracle admitted %d, independent GCRA %d", name, kr.OracleAdmitted, want)
+		}
+	}
+}
+
+// With failure_mode closed and no shadow mode, no Meridian strategy may
+// admit beyond the budget in any window — through partitions, region loss
+// and coordinator failover.
+func TestClosedNeverOverAdmits(t *testing.T) {
+	strategies := []string{"static", "proportional", "ewma", "maxmin", "doorman-proportional", "doorman-fair"}
+	for _, name := range []string{"partition", "region-failover", "coordinator-failover"} {
+		t.Run(name, func(t *testing.T) {
+			sc, err := Builtin(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc.Duration = Duration(100 * time.Second)
+			rep := sweep(t, sc, Options{Strategies: strategies, Intervals: []time.Duration{time.Second, 5 * time.Second},
+				Seeds: []uint64{1}, KeyDetail: true})
+			for _, r := range rep.Runs {
+				if r.OABudget.Max != 0 {
+					for _, k := range r.Keys {
+						if k.OABudget > 0 {
+							t.Errorf("%s at %s: key %s admitted beyond its budget: OA_budget %.5f", r.Strategy, r.Interval.D(), k.Key, k.OABudget)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// With failure_mode local, a Redis outage's excess stays within two
+// regional bursts per key (one episode).
+func TestLocalFallbackBounded(t *testing.T) {
+	sc := mustScenario(t, `
+name: outage
+duration: 60s
+warmup: 5s
+regions: [{name: eu, agents: 2}, {name: us}, {name: ap}]
+latency: {mean: 20ms}
+keys: {count: 10, zipf: 1, ratio: 3, burst_seconds: 2, home_fraction: 0.8}
+workload: {rate: 3000}
+failure_mode: local
+faults:
+  redis_outage: [{region: eu, at: 20s, for: 15s}]
+`)
+	rep := sweep(t, sc, Options{Strategies: []string{"ewma", "static"}, Intervals: []time.Duration{time.Second}, KeyDetail: true})
+	for _, r := range rep.Runs {
+		if r.Fallbacks == 0 {
+			t.Fatalf("%s: no fallback decisions during the outage", r.Strategy)
+		}
+		measured := (sc.Duration - sc.Warmup).D().Seconds()
+		for _, k := range r.Keys {
+			excess := k.OABudget * measured * 1e6 / float64(k.IntervalMicros)
+			if excess > float64(2*k.Burst) {
+				t.Errorf("%s: key %s admitted %.1f beyond its budget, above two bursts (%d)", r.Strategy, k.Key, excess, 2*k.Burst)
+			}
+		}
+	}
+}
+
+func TestScenarioErrors(t *testing.T) {
+	base := `
+name: x
+duration: 10s
+regions: [{name: eu}, {name: us}]
+keys: {count: 5, ratio: 2}
+workload: {rate: 100}
+`
+	tests := []struct {
+		name, give, want string
+	}{
+		{"unknown field", base + "colour: red\n", "field colour not found"},
+		{"unknown nested field", strings.Replace(base, "{rate: 100}", "{rate: 100, speed: 3}", 1), "field speed not found"},
+		{"negative rate", strings.Replace(base, "{rate: 100}", "{rate: -5}", 1), "workload.rate: -5"},
+		{"no regions", strings.Replace(base, "regions: [{name: eu}, {name: us}]", "regions: []", 1), "regions: empty"},
+		{"duplicate region", strings.Replace(base, "{name: us}", "{name: eu}", 1), `regions[1].name: "eu" given twice`},
+		{"bad duration", strings.Replace(base, "10s", "ten", 1), `"ten" is not a duration`},
+		{"warmup too long", base + "warmup: 10s\n", "warmup: 10s: must be in [0, duration)"},
+		{"jitter above mean", base + "latency: {mean: 10ms, jitter: 20ms}\n", "latency.jitter: 20ms above the mean 10ms"},
+		{"loss of 1", base + "latency: {mean: 10ms, loss: 1}\n", "latency.loss: 1: must be in [0, 1)"},
+		{"skew beyond max_skew", strings.Replace(base, "{name: us}", "{name: us, clock_skew: 400ms}", 1) + "max_skew: 500ms\n", "max_skew: 500ms: below twice the largest region clock skew"},
+		{"unknown link region", base + "links: [{from: eu, to: mars, mean: 1ms}]\n", `links[0].to: unknown region "mars"`},
+		{"unknown strategy", base + "strategies: [fifo]\n", `strategies[0]: unknown strategy "fifo"`},
+		{"home strategy", base + "strategies: [home]\n", `"home" needs one home region`},
+		{"interval too short", base + "intervals: [10ms]\n", "intervals[0]: 10ms: must be in [100ms, 10m]"},
+		{"bad failure mode", base + "failure_mode: maybe\n", `failure_mode: "maybe"`},
+		{"fault outside the run", base + "faults: {redis_outage: [{region: eu, at: 8s, for: 5s}]}\n", "faults.redis_outage[0]: window [8s, 13s) must be non-empty and inside the run"},
+		{"partition of every region", base + "faults: {partitions: [{side: [eu, us], at: 1s, for: 1s}]}\n", "faults.partitions[0].side: must name some regions, not all"},
+		{"losing the coordinator's region", base + "faults: {region_loss: [{region: eu, at: 1s, for: 1s}]}\n", `faults.region_loss[0].region: "eu" hosts the coordinator`},
+		{"lognormal without sigma", strings.Replace(base, "{count: 5, ratio: 2}", "{count: 5}", 1), "keys.sigma"},
+		{"zero keys", strings.Replace(base, "count: 5", "count: 0", 1), "keys.count: 0"},
+		{"flash beyond keys", strings.Replace(base, "{rate: 100}", "{rate: 100, flash: [{region: eu, at: 1s, for: 1s, keys: 9, factor: 2}]}", 1), "workload.flash[0].keys: 9: must be in [1, keys.count]"},
+		{"empty file", "", "empty file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseScenario([]byte(tt.give))
+			if err == nil || !errors.Is(err, ErrScenario) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v, want ErrScenario containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestBuiltinsParse(t *testing.T) {
+	names := BuiltinNames()
+	for _, want := range []string{"steady-skew", "follow-the-sun", "flash-crowd", "region-failover", "partition", "retry-storm", "many-keys", "coordinator-failover"} {
+		if _, err := Builtin(want); err != nil {
+			t.Errorf("built-in %s: %v (have %v)", want, err, names)
+		}
+	}
+	if _, err := Builtin("nope"); err == nil {
+		t.Error("unknown built-in accepted")
+	}
+}
+
+func TestTraceErrors(t *testing.T) {
+	sc := mustScenario(t, `
+name: x
+duration: 10s
+regions: [{name: eu}, {name: us}]
+keys: {count: 1, ratio: 2}
+workload: {rate: 1}
+`)
+	tests := []struct{ name, give, want string }{
+		{"fields", "ts_us,key,region,cost\n1,a,eu\n", "trace line 2: 3 fields"},
+		{"timestamp", "x,a,eu,1\n", `trace line 1: timestamp "x"`},
+		{"negative timestamp", "-1,a,eu,1\n", `trace line 1: timestamp "-1"`},
+		{"out of order", "5,a,eu,1\n6,a,eu,1\n4,a,us,1\n", "trace line 3: timestamp 4 before the previous line's 6"},
+		{"region", "1,a,mars,1\n", `trace line 1: region "mars"`},
+		{"cost", "1,a,eu,-2\n", `trace line 1: cost "-2"`},
+		{"huge cost", "1,a,eu,4294967296\n", `trace line 1: cost "4294967296"`},
+		{"empty key", "1,,eu,1\n", "trace line 1: key of 0 bytes"},
+		{"blank line", "1,a,eu,1\n\n", "trace line 2: empty line"},
+		{"empty", "", "trace: no lines"},
+		{"header only", "ts_us,key,region,cost\n", "trace: no lines"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := readTrace("t", strings.NewReader(tt.give), sc)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestReportOutputs(t *testing.T) {
+	sc := mustScenario(t, small)
+	rep := sweep(t, sc, Options{Seeds: []uint64{1, 2, 3}, Intervals: []time.Duration{time.Second, 2 * time.Second}})
+	var table, csv, html bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "recommendation (") || strings.Count(table.String(), "\n") != 2+len(rep.Cells)+1 {
+		t.Errorf("table:\n%s", table.String())
+	}
+	if err := rep.WriteCSV(&csv); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(csv.String(), "\n"); n != len(rep.Cells)+1 {
+		t.Errorf("CSV has %d lines, want %d", n, len(rep.Cells)+1)
+	}
+	if err := rep.WriteHTML(&html); err != nil {
+		t.Fatal(err)
+	}
+	h := html.String()
+	for _, want := range []string{"<svg", "share of the budget", "UA 1s against the interval", "</html>"} {
+		if !strings.Contains(h, want) {
+			t.Errorf("HTML lacks %q", want)
+		}
+	}
+	for _, bad := range []string{"<script", "http://cdn", "https://"} {
+		if strings.Contains(h, bad) {
+			t.Errorf("HTML is not self-contained: has %q", bad)
+		}
+	}
+	// Three seeds give a confidence interval.
+	if rep.Cells[0].UA1s.CI95 == 0 {
+		t.Error("no confidence interval with 3 seeds")
+	}
+}
