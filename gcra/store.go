@@ -57,3 +57,17 @@ func ValidateMaxWait(maxWait time.Duration) (int64, error) {
 	}
 	return int64(maxWait / time.Microsecond), nil
 }
+
+// Binder is a Store that can bind a key once and then decide it without
+// looking it up (gcra/memstore's interned handles). Callers that decide the
+// same keys over and over — the simulator — use it when the store offers
+// it; it decides exactly what Decide does.
+type Binder interface {
+	Bind(k Key) (Binding, error)
+}
+
+// Binding is one key bound in a store: Decide is Store.Decide on that key,
+// on the store's clock. Safe for concurrent use.
+type Binding interface {
+	Decide(ctx context.Context, s *Schedule, cost int64) (Result, error)
+}

@@ -45,7 +45,8 @@ type Decision struct {
 	// ShadowDenied is set when a shadow-mode limit would have denied.
 	ShadowDenied bool
 
-	enforced int // Matches[:enforced] are enforced, the rest shadow
+	enforced int            // Matches[:enforced] are enforced, the rest shadow
+	binds    []gcra.Binding // a prepared request's bound keys, per match (nil: none)
 	buf      []byte
 	checks   []gcra.Check
 	results  []gcra.Result
@@ -59,6 +60,7 @@ func (d *Decision) Reset() {
 	d.Matches = d.Matches[:0]
 	d.Allowed, d.Result, d.Fallback, d.FallbackMode, d.ShadowDenied = false, gcra.Result{}, false, 0, false
 	d.enforced = 0
+	d.binds = d.binds[:0]
 }
 
 // Enforced returns the enforced matches; Shadow the shadow-mode ones.
@@ -250,17 +252,21 @@ func (n *Node) schedule(s *snapshot, rule *Rule, name string) gcra.Schedule {
 	if rule.Scope == Regional {
 		return gcra.Steady(rule.Limit)
 	}
-	safe := SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions))
-	r := s.rows[name]
+	return n.scheduleRow(rule, s.rows.get(name))
+}
+
+// scheduleRow is the schedule of a global key whose table row is r (nil:
+// the table does not name it).
+func (n *Node) scheduleRow(rule *Rule, r *row) gcra.Schedule {
 	if r == nil {
-		return gcra.Schedule{Current: gcra.Version{Limit: safe, Epoch: coldEpoch}}
+		return gcra.Schedule{Current: gcra.Version{Limit: SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions)), Epoch: coldEpoch}}
 	}
 	if r.budget != rule.Limit {
 		// The table was computed for another limit (a policy rollout in
 		// progress): run at the safe share until they agree.
 		n.reduced.Add(1)
 		sch := n.reduce(r, r.applied).sched
-		sch.Current.Limit = minLimit(sch.Current.Limit, safe)
+		sch.Current.Limit = minLimit(sch.Current.Limit, SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions)))
 		return sch
 	}
 	return r.sched
@@ -285,7 +291,7 @@ func (n *Node) Decide(ctx context.Context, now int64, req *Request, d *Decision)
 func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
 	n.decisions.Add(1)
 	if ms := d.Enforced(); len(ms) > 0 {
-		r, err := n.run(ctx, d, ms)
+		r, err := n.run(ctx, d, ms, 0)
 		if err != nil {
 			n.storeErrors.Add(1)
 			n.fallback(now, d)
@@ -294,7 +300,7 @@ func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
 		}
 	}
 	if ms := d.Shadow(); len(ms) > 0 {
-		r, err := n.run(ctx, d, ms)
+		r, err := n.run(ctx, d, ms, d.enforced)
 		if err != nil {
 			n.storeErrors.Add(1) // shadow limits are not decided then
 		} else if !r.Allowed {
@@ -304,8 +310,21 @@ func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
 	}
 }
 
-// run decides ms all or nothing in the store, filling each match's Result.
-func (n *Node) run(ctx context.Context, d *Decision, ms []Match) (gcra.Result, error) {
+// run decides ms (d.Matches[off:off+len(ms)]) all or nothing in the store,
+// filling each match's Result.
+func (n *Node) run(ctx context.Context, d *Decision, ms []Match, off int) (gcra.Result, error) {
+	if len(ms) == 1 && off < len(d.binds) && d.binds[off] != nil {
+		// One bound key (a prepared request): no lookup in the store.
+		if ms[0].Cost == 0 {
+			n.peeks.Add(1)
+		}
+		r, err := d.binds[off].Decide(ctx, &ms[0].Schedule, ms[0].Cost)
+		if err != nil {
+			return r, err
+		}
+		ms[0].Result, ms[0].decided = r, true
+		return r, nil
+	}
 	d.checks = d.checks[:0]
 	peek := true
 	for i := range ms {
@@ -443,7 +462,15 @@ func (n *Node) Record(d *Decision) {
 			}
 			admitted = m.Result.Allowed
 		}
-		n.keys.record(m.entry, m.Cost, admitted)
+		if e := n.keys.record(m.entry, m.Cost, admitted); e != m.entry {
+			if e == nil {
+				n.overflow.Add(1)
+			} else {
+				// Evicted meanwhile: a prepared request keeps the live entry.
+				m.entry = e
+				m.Key = e.key
+			}
+		}
 	}
 }
 
@@ -454,7 +481,9 @@ func (n *Node) Record(d *Decision) {
 type Prepared struct {
 	req    Request
 	d      Decision
-	gen    uint64 // the snapshot it was resolved under (0: none); not a pointer, so old snapshots are not kept alive
+	names  []string // the row set's names when resolved: same names, same row indexes
+	rowIdx []int    // per match: its row's index (−1: none)
+	gen    uint64   // the snapshot it was resolved under (0: none); not a pointer, so old snapshots are not kept alive
 	policy *Policy
 	cost   int64
 }
@@ -477,6 +506,25 @@ func (n *Node) resolvePrepared(p *Prepared) error {
 		p.gen = 0
 		return err
 	}
+	p.names, p.rowIdx = s.rows.names, p.rowIdx[:0]
+	for i := range p.d.Matches {
+		idx, ok := s.rows.index[p.d.Matches[i].Key.Name]
+		if !ok || p.d.Matches[i].Rule.Scope == Regional {
+			idx = -1
+		}
+		p.rowIdx = append(p.rowIdx, idx)
+	}
+	if b, ok := n.store.(gcra.Binder); ok {
+		// Bind each key once; a key the store cannot bind is decided
+		// through DecideAll.
+		for i := range p.d.Matches {
+			bd, err := b.Bind(p.d.Matches[i].Key)
+			if err != nil {
+				bd = nil
+			}
+			p.d.binds = append(p.d.binds, bd)
+		}
+	}
 	if n.snap.Load().gen != p.gen {
 		p.gen = 0 // resolved across a swap: resolve again next time
 	}
@@ -494,11 +542,24 @@ func (n *Node) DecidePrepared(ctx context.Context, now int64, p *Prepared, cost 
 			return nil, err
 		}
 	case p.gen != s.gen:
-		// Only the table changed: the same keys, new schedules.
+		// Only the table changed: the same keys, new schedules — by row
+		// index while the table's keys are the same.
 		p.gen = s.gen
+		sameRows := len(p.names) == len(s.rows.names) && (len(p.names) == 0 || &p.names[0] == &s.rows.names[0])
 		for i := range p.d.Matches {
 			m := &p.d.Matches[i]
-			m.Schedule = n.schedule(s, m.Rule, m.Key.Name)
+			switch {
+			case m.Rule.Scope == Regional:
+			case sameRows && p.rowIdx[i] >= 0:
+				m.Schedule = n.scheduleRow(m.Rule, s.rows.rows[p.rowIdx[i]])
+			case sameRows:
+				m.Schedule = n.scheduleRow(m.Rule, nil)
+			default:
+				m.Schedule = n.schedule(s, m.Rule, m.Key.Name)
+			}
+		}
+		if !sameRows {
+			p.gen = 0 // re-index at the next decision
 		}
 		fallthrough
 	default:

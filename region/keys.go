@@ -90,8 +90,9 @@ func (in *interner) get(name []byte, tag string, tagged, global bool) *entry {
 }
 
 // record adds one outcome to e's counters, following e to its replacement
-// if Tick evicted it meanwhile.
-func (in *interner) record(e *entry, cost int64, admitted bool) {
+// if Tick evicted it meanwhile, and returns the entry it counted in (nil
+// if the table filled meanwhile).
+func (in *interner) record(e *entry, cost int64, admitted bool) *entry {
 	for {
 		sh := in.shardOfString(e.name)
 		sh.mu.RLock()
@@ -104,12 +105,12 @@ func (in *interner) record(e *entry, cost int64, admitted bool) {
 				e.denied.Add(cost)
 			}
 			sh.mu.RUnlock()
-			return
+			return e
 		}
 		sh.mu.RUnlock()
 		ne := in.get([]byte(e.name), e.key.Tag, e.key.Tag != "", e.global)
 		if ne == nil {
-			return // the table filled meanwhile: counted by the caller as overflow
+			return nil // the table filled meanwhile
 		}
 		e = ne
 	}

@@ -173,7 +173,24 @@ type snapshot struct {
 	effective           int64
 	prevTerm, prevEpoch uint64
 	lapsed              bool
-	rows                map[string]*row
+	rows                rowSet
+}
+
+// rowSet is the table's keys as this region runs them. The index and
+// names are shared by the snapshots of tables with the same keys (a
+// coordinator's consecutive tables), so applying a table costs a slice of
+// row pointers, not a map.
+type rowSet struct {
+	index map[string]int
+	names []string
+	rows  []*row
+}
+
+func (rs *rowSet) get(name string) *row {
+	if i, ok := rs.index[name]; ok {
+		return rs.rows[i]
+	}
+	return nil
 }
 
 // row is one key of the table in force, as this region runs it.
@@ -196,7 +213,7 @@ func NewNode(cfg Config, policy *Policy, store Store) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, store: store, safe: cfg.safePPM()}
 	n.keys.init(cfg.MaxKeys)
-	n.publish(&snapshot{policy: policy, rows: map[string]*row{}})
+	n.publish(&snapshot{policy: policy})
 	return n, nil
 }
 

@@ -28,7 +28,7 @@ type TableState struct {
 func (n *Node) Table() TableState {
 	s := n.snap.Load()
 	return TableState{HasTable: s.hasTable, Term: s.term, Epoch: s.epoch, LeaseExpiry: n.leaseExpiry,
-		Lapsed: s.lapsed, Keys: len(s.rows)}
+		Lapsed: s.lapsed, Keys: len(s.rows.rows)}
 }
 
 // Apply puts table t in force from now (µs): tables older than the one in
@@ -55,28 +55,50 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	if err := n.checkTable(t, r, now); err != nil {
 		return err
 	}
-	rows := make(map[string]*row, len(t.Keys))
+	var rs rowSet
 	var limits []gcra.Limit
-	for i := range t.Keys {
-		ks := &t.Keys[i]
-		o := old.rows[ks.Key]
+	next := func(ks *rebalance.KeyShares, o *row) *row {
 		if o != nil && ks.Version == o.version && ks.Budget == o.budget && (o.sub%2 == 0 || o.sub == 3) {
-			rows[ks.Key] = o // unchanged: shared, and no limits to derive
-			continue
+			return o // unchanged: shared, and no limits to derive
 		}
 		limits = ks.Limits(limits)
-		rows[ks.Key] = n.transition(o, ks, limits[r], t.Effective, now)
+		return n.transition(o, ks, limits[r], t.Effective, now)
 	}
-	// A key the table no longer names runs reduced, for as long as state
-	// written under its last limit may live; then it is a key with no row
-	// (the safe share).
-	for k, o := range old.rows {
-		if _, ok := rows[k]; ok {
-			continue
+	if same := len(t.Keys) == len(old.rows.names); same && func() bool {
+		for i := range t.Keys {
+			if t.Keys[i].Key != old.rows.names[i] {
+				return false
+			}
 		}
-		nr := n.reduce(o, now)
-		if last := inForceAt(&nr.sched, now); now < nr.sched.Current.Effective+windowMicros(last.Limit)+windowMicros(nr.sched.Previous.Limit) {
-			rows[k] = &nr
+		return true
+	}() {
+		// The same keys as the table in force (the common case): share the
+		// index and names.
+		rs = rowSet{index: old.rows.index, names: old.rows.names, rows: make([]*row, len(t.Keys))}
+		for i := range t.Keys {
+			rs.rows[i] = next(&t.Keys[i], old.rows.rows[i])
+		}
+	} else {
+		rs = rowSet{index: make(map[string]int, len(t.Keys)), names: make([]string, 0, len(t.Keys)), rows: make([]*row, 0, len(t.Keys))}
+		for i := range t.Keys {
+			ks := &t.Keys[i]
+			rs.index[ks.Key] = len(rs.rows)
+			rs.names = append(rs.names, ks.Key)
+			rs.rows = append(rs.rows, next(ks, old.rows.get(ks.Key)))
+		}
+		// A key the table no longer names runs reduced, for as long as
+		// state written under its last limit may live; then it is a key
+		// with no row (the safe share).
+		for i, k := range old.rows.names {
+			if _, ok := rs.index[k]; ok {
+				continue
+			}
+			nr := n.reduce(old.rows.rows[i], now)
+			if last := inForceAt(&nr.sched, now); now < nr.sched.Current.Effective+windowMicros(last.Limit)+windowMicros(nr.sched.Previous.Limit) {
+				rs.index[k] = len(rs.rows)
+				rs.names = append(rs.names, k)
+				rs.rows = append(rs.rows, &nr)
+			}
 		}
 	}
 	n.leaseExpiry = t.Leases[r]
@@ -85,7 +107,7 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 		prevTerm, prevEpoch = old.prevTerm, old.prevEpoch // the old table never came into force
 	}
 	n.publish(&snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
-		effective: t.Effective, prevTerm: prevTerm, prevEpoch: prevEpoch, rows: rows})
+		effective: t.Effective, prevTerm: prevTerm, prevEpoch: prevEpoch, rows: rs})
 	if now >= n.leaseExpiry {
 		n.lapse(now)
 	}
@@ -183,13 +205,13 @@ func (n *Node) reduce(o *row, now int64) row {
 // lapse runs every key at min(last share, safe share) from now on.
 func (n *Node) lapse(now int64) {
 	old := n.snap.Load()
-	rows := make(map[string]*row, len(old.rows))
-	for k, o := range old.rows {
+	rs := rowSet{index: old.rows.index, names: old.rows.names, rows: make([]*row, len(old.rows.rows))}
+	for i, o := range old.rows.rows {
 		nr := n.reduce(o, now)
-		rows[k] = &nr
+		rs.rows[i] = &nr
 	}
 	s := *old
-	s.rows, s.lapsed = rows, true
+	s.rows, s.lapsed = rs, true
 	n.publish(&s)
 }
 

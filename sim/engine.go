@@ -149,6 +149,28 @@ func (f *failStore) DecideAll(ctx context.Context, c []gcra.Check, out []gcra.Re
 	return f.s.DecideAll(ctx, c, out)
 }
 
+// Bind implements gcra.Binder: the memstore's binding, failing while the
+// region's Redis is out.
+func (f *failStore) Bind(k gcra.Key) (gcra.Binding, error) {
+	b, err := f.s.Bind(k)
+	if err != nil {
+		return nil, err
+	}
+	return &failBinding{f: f, b: b}, nil
+}
+
+type failBinding struct {
+	f *failStore
+	b gcra.Binding
+}
+
+func (fb *failBinding) Decide(ctx context.Context, s *gcra.Schedule, cost int64) (gcra.Result, error) {
+	if fb.f.down {
+		return gcra.Result{}, errRedisDown
+	}
+	return fb.b.Decide(ctx, s, cost)
+}
+
 // Run is one simulation: one scenario, strategy, interval and seed.
 type Run struct {
 	sc       *Scenario

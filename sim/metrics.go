@@ -15,7 +15,8 @@ var windowSizes = []int64{1_000_000, 10_000_000}
 // window size, the current window's counts, folded into per-key sums when
 // the window closes. Memory is per key (and per key and region), never per
 // request or per window — except the series of the few top keys kept for
-// charts.
+// charts. Each key's counters sit together (one struct per key, one per key
+// and window), so recording a request touches a few cache lines.
 type metrics struct {
 	r       *Run
 	regions int
@@ -23,15 +24,18 @@ type metrics struct {
 	shift   int64
 	wins    []*winMetrics
 
-	// Per key, over the measured part of the run.
-	offered, admitted, oracle []int64 // cost units
-	meterTAT, nonconf         []int64 // OA_budget's conformance meter
-	disagree                  []int64 // requests decided otherwise than the oracle
-	requests                  []int64
-	totalRequests, totalDis   int64
+	k                       []keyM
+	totalRequests, totalDis int64
 
 	top    []int // keys whose 1 s series are kept
 	series map[int]*keySeries
+}
+
+// keyM is one key's totals over the measured part of the run.
+type keyM struct {
+	offered, admitted, oracle int64 // cost units
+	meterTAT, nonconf         int64 // OA_budget's conformance meter
+	disagree, requests        int64 // requests decided otherwise than the oracle; requests
 }
 
 // keySeries is one top key's per-second series.
@@ -40,39 +44,35 @@ type keySeries struct {
 	Shares                    [][]float64 // per region, per second: the part of the budget in force
 }
 
+// winKey is one key's state for one window size.
+type winKey struct {
+	a, as, off        int64   // the open window: admitted, oracle-admitted, offered
+	over, under, star int64   // Σ_w (A−A*)⁺, Σ_w (A*−A)⁺, Σ_w A*
+	peak              float64 // max_w A(w) / (rate·|w| + burst)
+	fairSum           float64 // Σ spread over over-budget windows
+	fairN             int64
+	runStart, conv    int64 // convergence: start of the current within-5 % run; converged time (−1: not yet)
+	runLen            int64
+	mark              bool
+}
+
 // winMetrics is one window size.
 type winMetrics struct {
 	size    int64
 	cur     int64 // index of the open window
-	a, as   []int64
-	off     []int64
-	ar, asr []int64 // per key·regions+region
+	k       []winKey
+	ar, asr []int64 // per key·regions+region: the open window's admitted and oracle-admitted
 	touched []int32
-	mark    []bool
-
-	over, under, star []int64   // Σ_w (A−A*)⁺, Σ_w (A*−A)⁺, Σ_w A*
-	peak              []float64 // max_w A(w) / (rate·|w| + burst)
-	fairSum           []float64 // Σ spread over over-budget windows
-	fairN             []int64
-	runStart, conv    []int64 // convergence: start of the current within-5 % run; converged time (−1: not yet)
-	runLen            []int64
 }
 
 func newMetrics(r *Run) *metrics {
 	n, R := len(r.keys), len(r.regions)
 	m := &metrics{r: r, regions: R, warmup: r.warmup, shift: r.sc.Shift.us(),
-		offered: make([]int64, n), admitted: make([]int64, n), oracle: make([]int64, n),
-		meterTAT: make([]int64, n), nonconf: make([]int64, n), disagree: make([]int64, n),
-		requests: make([]int64, n), series: map[int]*keySeries{}}
+		k: make([]keyM, n), series: map[int]*keySeries{}}
 	for _, size := range windowSizes {
-		w := &winMetrics{size: size, a: make([]int64, n), as: make([]int64, n), off: make([]int64, n),
-			ar: make([]int64, n*R), asr: make([]int64, n*R), mark: make([]bool, n),
-			over: make([]int64, n), under: make([]int64, n), star: make([]int64, n), peak: make([]float64, n),
-			fairSum: make([]float64, n), fairN: make([]int64, n),
-			runStart: make([]int64, n), conv: make([]int64, n), runLen: make([]int64, n)}
-		for i := range w.conv {
-			w.conv[i] = -1
-			w.runStart[i] = -1
+		w := &winMetrics{size: size, k: make([]winKey, n), ar: make([]int64, n*R), asr: make([]int64, n*R)}
+		for i := range w.k {
+			w.k[i].conv, w.k[i].runStart = -1, -1
 		}
 		m.wins = append(m.wins, w)
 	}
@@ -101,52 +101,56 @@ func (m *metrics) advance(t int64) {
 
 // record adds one decided request of key i in region ri at t.
 func (m *metrics) record(i, ri int, cost int64, allowed, oracle bool, t int64) {
-	if s := m.series[i]; s != nil {
-		sec := t / 1_000_000
-		s.Offered[sec] += cost
-		if allowed {
-			s.Admitted[sec] += cost
-		}
-		if oracle {
-			s.Oracle[sec] += cost
+	if i < len(m.top) {
+		if s := m.series[i]; s != nil {
+			sec := t / 1_000_000
+			s.Offered[sec] += cost
+			if allowed {
+				s.Admitted[sec] += cost
+			}
+			if oracle {
+				s.Oracle[sec] += cost
+			}
 		}
 	}
 	if t < m.warmup {
 		return
 	}
-	m.requests[i]++
+	km := &m.k[i]
+	km.requests++
 	m.totalRequests++
-	m.offered[i] += cost
+	km.offered += cost
 	if allowed != oracle {
-		m.disagree[i]++
+		km.disagree++
 		m.totalDis++
 	}
 	if oracle {
-		m.oracle[i] += cost
+		km.oracle += cost
 	}
 	if allowed {
-		m.admitted[i] += cost
+		km.admitted += cost
 		// OA_budget: the admitted stream through GCRA(rate, burst) as a
 		// conformance meter; non-conforming admits do not advance it.
 		k := &m.r.keys[i]
-		if next, res, err := gcra.Allow(k.budget, m.meterTAT[i], t, cost); err == nil && res.Allowed {
-			m.meterTAT[i] = next
+		if next, res, err := gcra.Allow(k.budget, km.meterTAT, t, cost); err == nil && res.Allowed {
+			km.meterTAT = next
 		} else {
-			m.nonconf[i] += cost
+			km.nonconf += cost
 		}
 	}
 	for _, w := range m.wins {
-		if !w.mark[i] {
-			w.mark[i] = true
+		wk := &w.k[i]
+		if !wk.mark {
+			wk.mark = true
 			w.touched = append(w.touched, int32(i))
 		}
-		w.off[i] += cost
+		wk.off += cost
 		if allowed {
-			w.a[i] += cost
+			wk.a += cost
 			w.ar[i*m.regions+ri] += cost
 		}
 		if oracle {
-			w.as[i] += cost
+			wk.as += cost
 			w.asr[i*m.regions+ri] += cost
 		}
 	}
@@ -158,15 +162,16 @@ func (m *metrics) flush(w *winMetrics) {
 	measured := start >= m.warmup
 	for _, i32 := range w.touched {
 		i := int(i32)
-		a, as := w.a[i], w.as[i]
+		wk := &w.k[i]
+		a, as := wk.a, wk.as
 		if measured {
-			w.over[i] += max(a-as, 0)
-			w.under[i] += max(as-a, 0)
-			w.star[i] += as
+			wk.over += max(a-as, 0)
+			wk.under += max(as-a, 0)
+			wk.star += as
 			k := &m.r.keys[i]
 			capacity := float64(w.size)/float64(k.budget.IntervalMicros()) + float64(k.budget.Burst())
-			w.peak[i] = max(w.peak[i], float64(a)/capacity)
-			if w.off[i] > as { // the oracle denied some: the key is over budget
+			wk.peak = max(wk.peak, float64(a)/capacity)
+			if wk.off > as { // the oracle denied some: the key is over budget
 				lo, hi, any := math.Inf(1), math.Inf(-1), false
 				for r := range m.regions {
 					if s := w.asr[i*m.regions+r]; s > 0 {
@@ -175,29 +180,29 @@ func (m *metrics) flush(w *winMetrics) {
 					}
 				}
 				if any {
-					w.fairSum[i] += hi - lo
-					w.fairN[i]++
+					wk.fairSum += hi - lo
+					wk.fairN++
 				}
 			}
-			if m.shift > 0 && start >= m.shift && w.conv[i] < 0 {
+			if m.shift > 0 && start >= m.shift && wk.conv < 0 {
 				within := math.Abs(float64(a-as)) <= 0.05*float64(as)
 				switch {
 				case !within:
-					w.runLen[i] = 0
-				case w.runLen[i] == 0:
-					w.runStart[i], w.runLen[i] = start, 1
+					wk.runLen = 0
+				case wk.runLen == 0:
+					wk.runStart, wk.runLen = start, 1
 				default:
-					w.runLen[i]++
+					wk.runLen++
 				}
-				if w.runLen[i] >= 5 {
-					w.conv[i] = w.runStart[i] - m.shift
+				if wk.runLen >= 5 {
+					wk.conv = wk.runStart - m.shift
 				}
 			}
 		}
-		w.a[i], w.as[i], w.off[i] = 0, 0, 0
+		wk.a, wk.as, wk.off = 0, 0, 0
 		clear(w.ar[i*m.regions : (i+1)*m.regions])
 		clear(w.asr[i*m.regions : (i+1)*m.regions])
-		w.mark[i] = false
+		wk.mark = false
 	}
 	w.touched = w.touched[:0]
 }

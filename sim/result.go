@@ -89,39 +89,39 @@ func (r *Run) result() *Result {
 	var keys []int
 	var weights []float64
 	for i := range r.keys {
-		res.Offered += m.offered[i]
-		res.Admitted += m.admitted[i]
-		res.OracleAdmitted += m.oracle[i]
-		if m.oracle[i] > 0 {
+		res.Offered += m.k[i].offered
+		res.Admitted += m.k[i].admitted
+		res.OracleAdmitted += m.k[i].oracle
+		if m.k[i].oracle > 0 {
 			keys = append(keys, i)
-			weights = append(weights, float64(m.offered[i]))
+			weights = append(weights, float64(m.k[i].offered))
 		}
 	}
 	vals := make([]float64, len(keys))
 	for _, w := range m.wins {
 		wr := WindowResult{Window: Duration(time.Duration(w.size) * time.Microsecond)}
 		for j, i := range keys {
-			vals[j] = float64(w.over[i]) / float64(max(w.star[i], 1))
+			vals[j] = float64(w.k[i].over) / float64(max(w.k[i].star, 1))
 		}
 		wr.OA = summarize(vals, weights)
 		for j, i := range keys {
-			vals[j] = float64(w.under[i]) / float64(max(w.star[i], 1))
+			vals[j] = float64(w.k[i].under) / float64(max(w.k[i].star, 1))
 		}
 		wr.UA = summarize(vals, weights)
 		for j, i := range keys {
-			vals[j] = w.peak[i]
+			vals[j] = w.k[i].peak
 		}
 		wr.Peak = summarize(vals, weights)
 		var fv, fw []float64
 		var cv, cw []float64
 		for j, i := range keys {
-			if w.fairN[i] > 0 {
-				fv = append(fv, w.fairSum[i]/float64(w.fairN[i]))
+			if w.k[i].fairN > 0 {
+				fv = append(fv, w.k[i].fairSum/float64(w.k[i].fairN))
 				fw = append(fw, weights[j])
 			}
 			if m.shift > 0 {
-				if w.conv[i] >= 0 {
-					cv = append(cv, float64(w.conv[i])/1e6)
+				if w.k[i].conv >= 0 {
+					cv = append(cv, float64(w.k[i].conv)/1e6)
 					cw = append(cw, weights[j])
 				} else {
 					wr.NotConverged++
@@ -134,7 +134,7 @@ func (r *Run) result() *Result {
 	}
 	for j, i := range keys {
 		rate := 1e6 / float64(r.keys[i].budget.IntervalMicros())
-		vals[j] = float64(m.nonconf[i]) / (rate * measured)
+		vals[j] = float64(m.k[i].nonconf) / (rate * measured)
 	}
 	res.OABudget = summarize(vals, weights)
 	if m.totalRequests > 0 {
@@ -147,11 +147,11 @@ func (r *Run) result() *Result {
 	for i := range r.keys {
 		k := &r.keys[i]
 		res.Keys = append(res.Keys, KeyResult{Key: k.name, Budget: k.budget.String(), IntervalMicros: k.budget.IntervalMicros(),
-			Burst: k.budget.Burst(), Offered: m.offered[i],
-			OracleAdmitted: m.oracle[i], Admitted: m.admitted[i],
-			OA1s:     float64(w1.over[i]) / float64(max(w1.star[i], 1)),
-			UA1s:     float64(w1.under[i]) / float64(max(w1.star[i], 1)),
-			OABudget: float64(m.nonconf[i]) / (1e6 / float64(k.budget.IntervalMicros()) * measured)})
+			Burst: k.budget.Burst(), Offered: m.k[i].offered,
+			OracleAdmitted: m.k[i].oracle, Admitted: m.k[i].admitted,
+			OA1s:     float64(w1.k[i].over) / float64(max(w1.k[i].star, 1)),
+			UA1s:     float64(w1.k[i].under) / float64(max(w1.k[i].star, 1)),
+			OABudget: float64(m.k[i].nonconf) / (1e6 / float64(k.budget.IntervalMicros()) * measured)})
 	}
 	for _, i := range m.top {
 		s := m.series[i]

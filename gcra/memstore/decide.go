@@ -34,6 +34,43 @@ func (s *Store) DecideAt(h Handle, now int64, sch *gcra.Schedule, cost int64) (g
 	return sh.decide(e, now, sch, cost)
 }
 
+// Bind implements gcra.Binder: it interns k, and the Binding decides on
+// the handle at Config.Clock's now, skipping the key lookup.
+func (s *Store) Bind(k gcra.Key) (gcra.Binding, error) {
+	h, err := s.Intern(k)
+	if err != nil {
+		return nil, err
+	}
+	return &binding{s: s, h: h}, nil
+}
+
+type binding struct {
+	s *Store
+	h Handle
+}
+
+func (b *binding) Decide(ctx context.Context, sch *gcra.Schedule, cost int64) (gcra.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return gcra.Result{}, err
+	}
+	if err := checkSchedule(sch); err != nil {
+		return gcra.Result{}, err
+	}
+	if cost < 0 {
+		return gcra.Result{}, wrap(gcra.ErrNegativeCost)
+	}
+	sh := b.h.e.sh
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := b.s.clock()
+	sh.observe(now)
+	e, err := sh.live(b.h.e)
+	if err != nil {
+		return gcra.Result{}, err
+	}
+	return sh.decide(e, now, sch, cost)
+}
+
 // ReserveAt books the next slot for a request of the given cost for h's key
 // at now (µs) if the wait is at most maxWaitMicros, as gcra.Reserve does,
 // and writes the key's new state when gcra says to. It allocates nothing
