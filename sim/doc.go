@@ -21,9 +21,11 @@
 // static (Envoy's local_cluster_rate_limit) and Doorman's two algorithms
 // are rebalance strategies; replicated-counter is modelled here (it is not
 // a Meridian strategy): each region admits against its own view of one
-// global GCRA and learns the other regions' admissions every Sync (100 ms
-// by default) — gubernator's GLOBAL behaviour and Upstash's multi-region
-// limiter, at their best (the sync itself is instant).
+// global GCRA and sends its admissions to the others every Sync (100 ms by
+// default), arriving after the link's latency — gubernator's GLOBAL
+// behaviour and Upstash's multi-region limiter. The recommendation is
+// chosen among Meridian's strategies only; the baselines are there to
+// compare with.
 //
 // A run is deterministic: one seeded PCG drives arrivals, regions, costs,
 // jitter and loss, events tie-break in the order they were scheduled, and

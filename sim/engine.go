@@ -28,9 +28,10 @@ const (
 	evSync
 	evFailoverDown
 	evFailoverUp
-	evSwitch // on/off spell boundary of a key
-	evTrace  // the next line of a replayed trace
-	evSample // per-second sample of the top keys' shares
+	evSwitch      // on/off spell boundary of a key
+	evTrace       // the next line of a replayed trace
+	evSample      // per-second sample of the top keys' shares
+	evSyncDeliver // a replicated-counter sync batch arrives
 )
 
 // event is one thing that happens at t.
@@ -510,7 +511,7 @@ func (r *Run) schedule(e event) {
 func (r *Run) unpack(it item) event {
 	e := event{t: it.t, kind: uint8(it.sk), a: it.a, b: it.b, c: it.c}
 	switch e.kind {
-	case evReport, evAck, evTable:
+	case evReport, evAck, evTable, evSyncDeliver:
 		e.msg = r.msgs[it.c]
 		r.msgs[it.c] = nil
 		r.free = append(r.free, int32(it.c))
@@ -725,6 +726,8 @@ func (r *Run) handle(e *event) error {
 				return fmt.Errorf("sim: apply table: %w", err)
 			}
 		}
+	case evSyncDeliver:
+		r.deliver(e.msg.(*syncBatch))
 	case evSync:
 		r.sync()
 		r.schedule(event{t: e.t + r.sc.Sync.us(), kind: evSync})
@@ -857,44 +860,67 @@ func (r *Run) rcDecide(k *key, ri int, cost int64) (bool, time.Duration) {
 	return res.Allowed, res.RetryAfter
 }
 
+// syncBatch is one region's admissions sent to another at a sync: per key,
+// the cost admitted since the last delivery.
+type syncBatch struct {
+	to    int
+	keys  []int32
+	costs []int64
+}
+
 // sync sends every region's admissions not yet delivered to each other
-// region whose link is up (at the sync boundary, without latency: the
-// baseline's best case); what a partition holds back goes at the first
-// sync after it heals.
+// region whose link is up; they arrive after the link's latency. What a
+// partition holds back goes at the first sync after it heals.
 func (r *Run) sync() {
 	R := len(r.regions)
-	up := make([]bool, R*R)
 	for s := range R {
 		for o := range R {
-			if s != o {
-				_, lost := r.link(s, o)
-				up[s*R+o] = !lost
+			if s == o {
+				continue
+			}
+			d, lost := r.link(s, o)
+			r.dec.Reports++
+			if lost {
+				continue
+			}
+			b := &syncBatch{to: o}
+			for i := range r.keys {
+				k := &r.keys[i]
+				if !k.pending {
+					continue
+				}
+				if out := k.rcOut[s*R+o]; out > 0 {
+					b.keys = append(b.keys, int32(i))
+					b.costs = append(b.costs, out)
+					k.rcOut[s*R+o] = 0
+					r.dec.ReportBytes += int64(len(k.name) + 8)
+				}
+			}
+			if len(b.keys) > 0 {
+				r.schedule(event{t: r.now + d, kind: evSyncDeliver, msg: b})
 			}
 		}
 	}
-	r.dec.Reports += int64(R * (R - 1))
 	for i := range r.keys {
 		k := &r.keys[i]
 		if !k.pending {
 			continue
 		}
-		t := k.budget.IntervalMicros()
 		k.pending = false
-		for s := range R {
-			for o := range R {
-				out := k.rcOut[s*R+o]
-				if out == 0 {
-					continue
-				}
-				if !up[s*R+o] {
-					k.pending = true
-					continue
-				}
-				k.rcTAT[o] = max(k.rcTAT[o], r.now) + out*t
-				k.rcOut[s*R+o] = 0
-				r.dec.ReportBytes += int64(len(k.name) + 8)
+		for _, out := range k.rcOut {
+			if out > 0 {
+				k.pending = true // held back by a partition
+				break
 			}
 		}
+	}
+}
+
+// deliver applies one region's admissions to another's view.
+func (r *Run) deliver(b *syncBatch) {
+	for j, i := range b.keys {
+		k := &r.keys[i]
+		k.rcTAT[b.to] = max(k.rcTAT[b.to], r.now) + b.costs[j]*k.budget.IntervalMicros()
 	}
 }
 

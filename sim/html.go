@@ -29,7 +29,7 @@ td:first-child,th:first-child{text-align:left}.rec{font-weight:bold;margin:1em 0
 	for _, c := range rep.Cells {
 		p("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
 			esc(c.Strategy), c.Interval.D(), pct(c.UA1s), pct(c.OA1s), pct(c.UA10s), pct(c.OA10s), pct(c.OABudget),
-			num(c.PeakP99, 2), num(c.Fairness, 2), num(c.Convergence, 1), pct(c.Disagreement), num(c.Messages, 3), num(c.Bytes, 1))
+			num(c.PeakP99, 2), num(c.Fairness, 2), rep.conv(c), pct(c.Disagreement), num(c.Messages, 3), num(c.Bytes, 1))
 	}
 	p("</table>\n")
 

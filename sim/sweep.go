@@ -34,12 +34,14 @@ type Options struct {
 // Report is a sweep: every run, and per strategy × interval the metrics
 // across seeds (mean and 95 % interval), with a recommendation.
 type Report struct {
-	Scenario       string    `json:"scenario"`
-	Description    string    `json:"description,omitempty"`
-	Cells          []Cell    `json:"cells"`
-	Recommendation string    `json:"recommendation"`
-	Bounds         string    `json:"bounds"`
-	Runs           []*Result `json:"runs"`
+	Scenario       string `json:"scenario"`
+	Description    string `json:"description,omitempty"`
+	Cells          []Cell `json:"cells"`
+	Recommendation string `json:"recommendation"`
+	// Shift is the scenario's scripted shift (0: none, and no convergence).
+	Shift  Duration  `json:"shift"`
+	Bounds string    `json:"bounds"`
+	Runs   []*Result `json:"runs"`
 }
 
 // Stat is a metric's mean across seeds and the half-width of its 95 %
@@ -160,7 +162,7 @@ func Sweep(sc *Scenario, opt Options) (*Report, error) {
 			return nil, fmt.Errorf("sim: %s %s seed %d: %w", jobs[i].strategy, jobs[i].interval, jobs[i].seed, err)
 		}
 	}
-	rep := &Report{Scenario: sc.Name, Description: strings.TrimSpace(sc.Description), Runs: results,
+	rep := &Report{Scenario: sc.Name, Description: strings.TrimSpace(sc.Description), Runs: results, Shift: sc.Shift,
 		Bounds: fmt.Sprintf("OA_budget ≤ %.0f%% and P(1s, p99 across keys) ≤ %.2f", maxOABudget*100, maxPeak)}
 	per := len(seeds)
 	for c := 0; c < len(jobs); c += per {
@@ -212,11 +214,15 @@ func stat(rs []*Result, f func(*Result) float64) Stat {
 	return Stat{Mean: mean, CI95: tCrit(len(rs)) * sd / math.Sqrt(n)}
 }
 
-// recommend picks the cell with the lowest UA(1s) among those within the
-// bounds (ties: fewer messages).
+// recommend picks, among Meridian's strategies (not the baselines), the
+// cell with the lowest UA(1s) among those within the bounds (ties: fewer
+// messages).
 func recommend(cells []Cell) string {
 	best := -1
 	for i, c := range cells {
+		if c.Strategy == ReplicatedCounter || c.Strategy == Oracle || c.Strategy == "full" {
+			continue
+		}
 		if c.OABudget.Mean > maxOABudget || c.PeakP99.Mean > maxPeak {
 			continue
 		}
@@ -226,7 +232,7 @@ func recommend(cells []Cell) string {
 		}
 	}
 	if best < 0 {
-		return fmt.Sprintf("no strategy stays within OA_budget ≤ %.0f%% and P ≤ %.2f here", maxOABudget*100, maxPeak)
+		return fmt.Sprintf("no Meridian strategy stays within OA_budget ≤ %.0f%% and P ≤ %.2f here", maxOABudget*100, maxPeak)
 	}
 	c := cells[best]
 	return fmt.Sprintf("use %s at %s: lowest UA(1s) %.1f%% with OA_budget %.2f%% and P %.2f", c.Strategy, c.Interval.D(),
@@ -247,6 +253,14 @@ func num(s Stat, prec int) string {
 	return strconv.FormatFloat(s.Mean, 'f', prec, 64) + "±" + strconv.FormatFloat(s.CI95, 'f', prec, 64)
 }
 
+// conv is a cell's convergence for display: "-" without a scripted shift.
+func (rep *Report) conv(c Cell) string {
+	if rep.Shift == 0 {
+		return "-"
+	}
+	return num(c.Convergence, 1)
+}
+
 // WriteTable writes the cells as an aligned table ending with the
 // recommendation.
 func (rep *Report) WriteTable(w io.Writer) error {
@@ -256,7 +270,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	for _, c := range rep.Cells {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", c.Strategy, c.Interval.D(),
 			pct(c.UA1s), pct(c.OA1s), pct(c.UA10s), pct(c.OA10s), pct(c.OABudget), num(c.PeakP99, 2),
-			num(c.Fairness, 2), num(c.Convergence, 1), pct(c.Disagreement), num(c.Messages, 3), num(c.Bytes, 1))
+			num(c.Fairness, 2), rep.conv(c), pct(c.Disagreement), num(c.Messages, 3), num(c.Bytes, 1))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
