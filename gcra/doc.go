@@ -29,10 +29,14 @@
 // instant, and converts the stored state lazily, at the key's next request,
 // evaluating the conversion at the effective time: the key keeps the tokens
 // it had then, clamped to the new burst (an increase adds capacity and
-// refill rate, never tokens; booked reservations stay booked as debt). A key
-// with no state holds the previous limit's full burst at the change; state
-// older than the previous change counts as empty at that change and refills
-// at the previous limit's rate. State written under a newer epoch than the
+// refill rate, never tokens). Booked reservations stay booked as debt, and
+// the debt keeps at least its length in time: the booked requests are
+// served at the slots they were given, so new bookings under a faster limit
+// start after the last of them. A key with no state holds the previous
+// limit's full burst at the change; state older than the previous change
+// counts as empty at that change — or as its stored TAT if that is later,
+// so that slots it booked are not forgotten — and refills at the previous
+// limit's rate. State written under a newer epoch than the
 // caller knows is used as stored and keeps its tag: it is never converted
 // back. Conversions round credit down and debt up, so the available tokens
 // of a key never rise at a transition. Debt carried across a change is capped

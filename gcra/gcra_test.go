@@ -656,9 +656,11 @@ func TestDecideLimitChange(t *testing.T) {
 			true, 9, 0, 100 * time.Millisecond, tagged(ta+2*s+100*ms, ae)},
 		{"no state: zero previous holds nothing", gcra.Limit{}, fast, 0, gcra.State{}, ta + 250*ms, 0,
 			true, 2, 0, 750 * time.Millisecond, gcra.State{}},
-		// Booked 2 past the window under slow: −2 tokens, 200 ms of debt under fast.
+		// Booked 2 past the window under slow: 400 ms of booked slots. Under
+		// fast they keep their times (not 2 tokens × 100 ms): the next
+		// booking starts after them.
 		{"booked debt stays booked", slow, fast, 0, tagged(ta+1200*ms, pe), ta, 1,
-			false, 0, 300 * time.Millisecond, 1200 * time.Millisecond, gcra.State{}},
+			false, 0, 500 * time.Millisecond, 1400 * time.Millisecond, gcra.State{}},
 		// 4µs of credit under T=3 is 1.33 tokens: 2µs·… floor(8/3) = 2µs under T=2, 1 token.
 		{"credit rounds down", gcra.FromInterval(3, 2), gcra.FromInterval(2, 5), 0, tagged(ta+2, pe), ta, 0,
 			true, 1, 0, 8 * time.Microsecond, gcra.State{}},
@@ -666,8 +668,12 @@ func TestDecideLimitChange(t *testing.T) {
 		{"debt rounds up", gcra.FromInterval(3, 2), gcra.FromInterval(2, 5), 0, tagged(ta+7, pe), ta, 0,
 			false, 0, time.Microsecond, 11 * time.Microsecond, gcra.State{}},
 		// Empty at the previous change (9.7 s), 3 tokens refilled by ta.
-		{"older epoch: empty at the previous change", fast, slow, ta - 300*ms, tagged(ta+5*s, 0), ta, 0,
+		{"older epoch: empty at the previous change", fast, slow, ta - 300*ms, tagged(ta-5*s, 0), ta, 0,
 			true, 3, 0, 200 * time.Millisecond, gcra.State{}},
+		// Its TAT 5 s ahead is later than empty: 4 s of slots booked under
+		// fast keep their times — 40 tokens, 8 s under slow.
+		{"older epoch: booked slots keep their times", fast, slow, ta - 300*ms, tagged(ta+5*s, 0), ta, 0,
+			false, 0, 8 * time.Second, 8800 * time.Millisecond, gcra.State{}},
 		{"before the change: previous decides, as stored", fast, slow, 0, tagged(ta-500*ms, pe), ta - s, 1,
 			// Written before the change and rested by it: a missing key
 			// holds exactly what it would, so Rested is its TAT.

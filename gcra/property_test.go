@@ -292,6 +292,22 @@ func tokensBound(t *rapid.T, what string, p, a gcra.Limit, creditP, R int64) {
 	if R < 0 || R > fullA+debtCap {
 		t.Fatalf("%s: converted TAT %dµs after the change, outside [0, Burst·T + 2^39]", what, R)
 	}
+	if creditP < 0 {
+		// Booked reservations: the debt keeps the larger of its length in
+		// time and its tokens at a's rate (rounded up), capped at 2^39 µs.
+		debt := min(-creditP, int64(debtCap))
+		q := new(big.Int).Mul(big.NewInt(debt), Ta)
+		q.Add(q, new(big.Int).Sub(Tp, big.NewInt(1)))
+		q.Div(q, Tp)
+		if q.Cmp(big.NewInt(debtCap)) > 0 {
+			q.SetInt64(debtCap)
+		}
+		want := fullA + max(debt, q.Int64())
+		if R != want {
+			t.Fatalf("%s: debt %dµs under %v converted to TAT +%dµs under %v, want +%d", what, debt, p, R, a, want)
+		}
+		return
+	}
 	// Everything in units of µs(a)·µs(p): tokens·T_a·T_p.
 	have := new(big.Int).Mul(big.NewInt(fullA-R), Tp)   // tokens_a·Ta·Tp
 	credit := new(big.Int).Mul(big.NewInt(creditP), Ta) // tokens_p·Ta·Tp
@@ -449,21 +465,23 @@ func TestPropertyLimitChangeNoState(t *testing.T) {
 }
 
 // TestPropertyLimitChangeOlderState: state tagged before the previous
-// epoch counts as empty at the previous change and refills at the previous
-// limit's rate until the current change.
+// epoch counts as empty at the previous change — or as its stored TAT if
+// that is later, so that slots it booked keep their times — and refills at
+// the previous limit's rate until the current change.
 func TestPropertyLimitChangeOlderState(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		c := genChange(t)
 		tag := gcra.EpochTag(c.pe - rapid.Uint64Range(1, 1000).Draw(t, "age"))
-		tat := c.ta + rapid.Int64Range(-maxWindow, maxWindow).Draw(t, "tatOffset") // ignored
+		tat := c.ta + rapid.Int64Range(-maxWindow, maxWindow).Draw(t, "tatOffset")
 		st := gcra.State{TAT: tat, Epoch: tag, Exists: true}
-		creditP := min(c.windowP, c.ta-c.pEff)
+		tatP := max(c.pEff+c.windowP, tat) // the state under p
+		creditP := c.windowP - max(tatP-c.ta, 0)
 		tokensBound(t, "older state", c.p, c.a, creditP, peekReset(t, st, c.ta, &c.sch, c.a))
 		if c.pEff < c.ta {
 			before := rapid.Int64Range(c.pEff, c.ta-1).Draw(t, "before")
-			want := max(c.pEff+c.windowP-before, 0)
+			want := max(tatP-before, 0)
 			if got := peekReset(t, st, before, &c.sch, c.p); got != want {
-				t.Fatalf("older state before the change: reset %d, want %d (empty at the previous change)", got, want)
+				t.Fatalf("older state before the change: reset %d, want %d (empty at the previous change, or its TAT)", got, want)
 			}
 		}
 	})

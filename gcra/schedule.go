@@ -137,7 +137,8 @@ func newer(a, b uint16) bool {
 //   - st written under p: converted to a at a's effective time.
 //   - st written under a newer epoch than a: as stored (never converted back).
 //   - st older than p (or than a, with no p): empty at the previous change
-//     (a's own effective time, with no p), converted to a at a's.
+//     (a's own effective time, with no p) or its stored TAT if later,
+//     converted to a at a's.
 //   - no state: p's full burst at the change, converted to a; with no p,
 //     rested.
 func tatUnder(st State, now int64, a, p *Version, hasP bool) int64 {
@@ -152,10 +153,13 @@ func tatUnder(st State, now int64, a, p *Version, hasP bool) int64 {
 		case newer(st.Epoch, tag):
 			return st.TAT
 		}
+		// Older than the previous change: empty at that change — or at
+		// its own TAT if that is later, so that slots it booked keep
+		// their times (forgetting them would let new bookings overlap).
 		if !hasP {
-			return emptyAt(a.Limit, ta)
+			return max(emptyAt(a.Limit, ta), st.TAT)
 		}
-		return convert(emptyAt(p.Limit, p.Effective), p.Limit, a.Limit, ta)
+		return convert(max(emptyAt(p.Limit, p.Effective), st.TAT), p.Limit, a.Limit, ta)
 	}
 	if !hasP {
 		return now
@@ -181,7 +185,11 @@ const convCap = 1 << 39
 // keeps the available tokens at the change time ta, clamped to a's burst:
 // tokens = Burst_p − max(tat−ta, 0)/T_p (negative for booked reservations),
 // TAT_a = ta + (Burst_a − min(tokens, Burst_a))·T_a. Credit is rounded down
-// and debt up, so a conversion never adds tokens.
+// and debt up, so a conversion never adds tokens. Debt — reservations
+// already booked — keeps at least its length in time: the booked requests
+// are served at the slots they were given, so under a faster limit new
+// bookings start only after the last of them (converting it by tokens
+// alone would let the two overlap and serve above the new rate).
 func convert(tat int64, p, a Limit, ta int64) int64 {
 	if !a.usable() {
 		return tat // the zero limit decides nothing and writes nothing
@@ -199,7 +207,8 @@ func convert(tat int64, p, a Limit, ta int64) int64 {
 		}
 		return ta + full - c
 	}
-	return ta + full + mulDivCeil(min(-credit, convCap), a.t, p.t)
+	debt := min(-credit, convCap)
+	return ta + full + max(debt, mulDivCeil(debt, a.t, p.t))
 }
 
 // mulDivFloor is floor(x·y/z) for 0 ≤ x ≤ 2^39, 0 < y, z ≤ 2^37, capped at

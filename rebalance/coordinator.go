@@ -558,7 +558,12 @@ func (c *Coordinator) Tick(now int64) {
 		}
 	}
 	if c.transition && c.decreaseInForce(now) {
-		c.fence = max(c.fence, now, c.decreased+int64(c.cfg.Fence/time.Microsecond))
+		// The increase takes effect Fence after the decrease is known to be
+		// in force (now), not merely after it was issued: an agent books
+		// reservations under the old limit until it applies the decrease,
+		// and those are served up to a max-wait later.
+		fence := int64(c.cfg.Fence / time.Microsecond)
+		c.fence = max(c.fence, now+fence, c.decreased+fence)
 		c.free(c.cur)
 		c.cur, c.target = c.target, nil
 		c.curB, c.targetB = c.targetB, nil

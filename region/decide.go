@@ -2,7 +2,9 @@ package region
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
 )
@@ -572,4 +574,64 @@ func (n *Node) DecidePrepared(ctx context.Context, now int64, p *Prepared, cost 
 	n.Execute(ctx, now, &p.d)
 	n.Record(&p.d)
 	return &p.d, nil
+}
+
+// Reserver is a store that books reservations (gcra/memstore and
+// gcra/redisstore are): Node.Reserve needs it.
+type Reserver interface {
+	Reserve(ctx context.Context, k gcra.Key, s gcra.Schedule, cost int64, maxWait time.Duration) (gcra.Result, error)
+}
+
+// ErrNoReserve is returned by Reserve when the request cannot be booked as
+// a reservation: its store does not book them, or it touches several
+// enforced limits (stores book one key at a time; decide it instead).
+var ErrNoReserve = errors.New("region: reservation not possible")
+
+// Reserve books the next slot for req when the wait is at most maxWait
+// (seed 000: the caller waits d.Result.Wait, then proceeds), never past the
+// lease of the table in force: with a table, maxWait is cut to the time left
+// on the lease, so booked future never outlives the share that booked it.
+// A request touching no enforced limit is admitted at once; one touching
+// several is ErrNoReserve. Shadow limits are decided as in Decide. On a
+// store error the failure mode decides as in Decide, without a wait.
+func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait time.Duration, d *Decision) error {
+	if maxWait < 0 {
+		return badRequest("maxWait %s is negative", maxWait)
+	}
+	if err := n.Resolve(req, d); err != nil {
+		return err
+	}
+	ms := d.Enforced()
+	rs, ok := n.store.(Reserver)
+	switch {
+	case len(ms) > 1:
+		return fmt.Errorf("%w: %d enforced limits", ErrNoReserve, len(ms))
+	case len(ms) == 1 && !ok:
+		return fmt.Errorf("%w: the store does not book reservations", ErrNoReserve)
+	}
+	n.decisions.Add(1)
+	if len(ms) == 1 {
+		if s := n.snap.Load(); s.hasTable {
+			left := time.Duration(max(0, n.leaseExpiry.Load()-now)) * time.Microsecond
+			maxWait = min(maxWait, left)
+		}
+		r, err := rs.Reserve(ctx, ms[0].Key, ms[0].Schedule, ms[0].Cost, maxWait)
+		if err != nil {
+			n.storeErrors.Add(1)
+			n.fallback(now, d)
+		} else {
+			ms[0].Result, ms[0].decided = r, true
+			d.Result, d.Allowed = r, r.Allowed
+		}
+	}
+	if sh := d.Shadow(); len(sh) > 0 {
+		if r, err := n.run(ctx, d, sh, d.enforced); err != nil {
+			n.storeErrors.Add(1)
+		} else if !r.Allowed {
+			d.ShadowDenied = true
+			n.shadowDenied.Add(1)
+		}
+	}
+	n.Record(d)
+	return nil
 }

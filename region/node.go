@@ -157,7 +157,7 @@ type Node struct {
 	// Owned by the Tick/Apply goroutine.
 	open        int64 // index of the open report interval
 	started     bool
-	leaseExpiry int64
+	leaseExpiry atomic.Int64 // read by Reserve on the hot path
 	regressions int64
 }
 

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gcra/memstore"
@@ -643,4 +644,45 @@ func TestNodePreparedMatchesDecide(t *testing.T) {
 			}
 		}
 	}
+}
+
+func TestNodeReserveWithinLease(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env, n *Node) {
+		now := e.now()
+		tb := table(1, 1, now, now-hour, 1, 500_000, acme, acmeSearch)
+		tb.Leases = []int64{now + 100e6, now + 100e6} // 100 s left
+		if err := n.Apply(tb, now); err != nil {
+			t.Fatal(err)
+		}
+		// eu: 50/h (one token every 72 s), burst 5; spend the burst.
+		if got := decideN(t, n, e.now(), req(1, tenant("acme")), 5); got != 5 {
+			t.Fatalf("spent %d, want 5", got)
+		}
+		var d Decision
+		ctx := context.Background()
+		// The next slot is 72 s away: within 2 min and the lease, booked.
+		if err := n.Reserve(ctx, e.now(), req(1, tenant("acme")), 2*time.Minute, &d); err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed || d.Result.Wait < 71*time.Second || d.Result.Wait > 72*time.Second {
+			t.Errorf("reserve: allowed %v wait %v, want booked about 72 s ahead", d.Allowed, d.Result.Wait)
+		}
+		// The one after is 144 s away: past the lease, refused though
+		// within maxWait; nothing booked.
+		if err := n.Reserve(ctx, e.now(), req(1, tenant("acme")), 5*time.Minute, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			t.Errorf("reserve booked %v ahead, past the lease 100 s away", d.Result.Wait)
+		}
+		// Several enforced limits cannot be booked as one.
+		err := n.Reserve(ctx, e.now(), req(1, tenant("acme"), tenant("acme", Entry{"route", "/search"})), time.Minute, &d)
+		if !errors.Is(err, ErrNoReserve) {
+			t.Errorf("composite reserve: err %v, want ErrNoReserve", err)
+		}
+		// No limit: admitted at once.
+		if err := n.Reserve(ctx, e.now(), req(1, Descriptor{Entries: []Entry{{"user", "x"}}}), time.Minute, &d); err != nil || !d.Allowed {
+			t.Errorf("unlimited reserve: allowed %v err %v", d.Allowed, err)
+		}
+	})
 }

@@ -27,7 +27,7 @@ type TableState struct {
 // Tick/Apply goroutine.
 func (n *Node) Table() TableState {
 	s := n.snap.Load()
-	return TableState{HasTable: s.hasTable, Term: s.term, Epoch: s.epoch, LeaseExpiry: n.leaseExpiry,
+	return TableState{HasTable: s.hasTable, Term: s.term, Epoch: s.epoch, LeaseExpiry: n.leaseExpiry.Load(),
 		Lapsed: s.lapsed, Keys: len(s.rows.rows)}
 }
 
@@ -101,14 +101,14 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 			}
 		}
 	}
-	n.leaseExpiry = t.Leases[r]
+	n.leaseExpiry.Store(t.Leases[r])
 	prevTerm, prevEpoch := old.term, old.epoch
 	if old.hasTable && now < old.effective {
 		prevTerm, prevEpoch = old.prevTerm, old.prevEpoch // the old table never came into force
 	}
 	n.publish(&snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
 		effective: t.Effective, prevTerm: prevTerm, prevEpoch: prevEpoch, rows: rs})
-	if now >= n.leaseExpiry {
+	if now >= n.leaseExpiry.Load() {
 		n.lapse(now)
 	}
 	return nil
@@ -237,7 +237,7 @@ func (n *Node) InForce(now int64) (term, epoch uint64) {
 // zero and their local state rested). Tick runs on one goroutine.
 func (n *Node) Tick(now int64) *rebalance.Report {
 	s := n.snap.Load()
-	if s.hasTable && !s.lapsed && now >= n.leaseExpiry {
+	if s.hasTable && !s.lapsed && now >= n.leaseExpiry.Load() {
 		n.lapse(now)
 		s = n.snap.Load()
 	}

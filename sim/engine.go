@@ -32,6 +32,7 @@ const (
 	evTrace       // the next line of a replayed trace
 	evSample      // per-second sample of the top keys' shares
 	evSyncDeliver // a replicated-counter sync batch arrives
+	evServed      // a reservation's wait ends: c = cost<<1 | oracle
 )
 
 // event is one thing that happens at t.
@@ -143,6 +144,14 @@ type failStore struct {
 
 var errRedisDown = errors.New("sim: redis outage")
 
+// Reserve implements region.Reserver.
+func (f *failStore) Reserve(ctx context.Context, k gcra.Key, s gcra.Schedule, cost int64, maxWait time.Duration) (gcra.Result, error) {
+	if f.down {
+		return gcra.Result{}, errRedisDown
+	}
+	return f.s.Reserve(ctx, k, s, cost, maxWait)
+}
+
 func (f *failStore) DecideAll(ctx context.Context, c []gcra.Check, out []gcra.Result) (gcra.Result, error) {
 	if f.down {
 		return gcra.Result{}, errRedisDown
@@ -207,6 +216,7 @@ type Run struct {
 	traceErr error
 
 	m      *metrics
+	rd     region.Decision // reservations' workspace
 	ctx    context.Context
 	dec    decisions
 	agents int // agents across regions
@@ -728,6 +738,8 @@ func (r *Run) handle(e *event) error {
 		}
 	case evSyncDeliver:
 		r.deliver(e.msg.(*syncBatch))
+	case evServed:
+		r.m.served(int(e.a), int(e.b), e.c>>1, e.c&1 == 1, e.t)
 	case evSync:
 		r.sync()
 		r.schedule(event{t: e.t + r.sc.Sync.us(), kind: evSync})
@@ -793,6 +805,10 @@ func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 	}
 	k := &r.keys[i]
 	r.dec.Requests++
+	if rs := r.sc.Workload.Retry; rs != nil && rs.Reserve > 0 && !r.baseline() {
+		r.reserve(i, ri, cost, attempt)
+		return
+	}
 	// The oracle: one GCRA with the full budget, at true time.
 	next, or, _ := gcra.Allow(k.budget, k.oracle, r.now, cost)
 	if or.Allowed {
@@ -837,6 +853,46 @@ func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 	r.m.record(i, ri, cost, allowed, or.Allowed, r.now)
 	if rs := r.sc.Workload.Retry; rs != nil && !allowed && attempt < rs.Max && retryAfter != gcra.Never {
 		wait := max(retryAfter, time.Millisecond)
+		wait += time.Duration(r.rng.Float64() * rs.Jitter * float64(wait))
+		r.schedule(event{t: r.now + wait.Microseconds(), kind: evRetry, a: int32(i), b: int32(ri), c: cost<<8 | int64(attempt+1)})
+	}
+}
+
+// reserve books key i's request in region ri as a reserving client does,
+// and the oracle books it too; each is served when its wait ends. A
+// refused client retries after the retry-after, as in retry mode.
+func (r *Run) reserve(i, ri int, cost int64, attempt int) {
+	rs := r.sc.Workload.Retry
+	k := &r.keys[i]
+	rg := r.regions[ri]
+	maxWait := rs.Reserve.D()
+	sch := gcra.Steady(k.budget)
+	st := gcra.State{TAT: k.oracle, Exists: true}
+	ost, _, or, err := gcra.Reserve(st, r.now, &sch, cost, maxWait.Microseconds())
+	if err == nil && or.Allowed {
+		k.oracle = ost.TAT
+		r.schedule(event{t: r.now + or.Wait.Microseconds(), kind: evServed, a: int32(i), b: int32(ri), c: cost<<1 | 1})
+	}
+	rg.clock = r.now + rg.skew
+	rg.fail.down = r.redisDown(ri, r.now)
+	n := rg.nodes[rg.rr%len(rg.nodes)]
+	rg.rr++
+	k.req.Cost = cost
+	if err := n.Reserve(r.ctx, rg.clock, &k.req, maxWait, &r.rd); err != nil {
+		panic(fmt.Sprintf("sim: reserve %s: %v", k.name, err)) // one limit per key: a bug
+	}
+	d := &r.rd
+	if d.Fallback {
+		r.dec.Fallbacks++
+	}
+	r.m.offer(i, cost, d.Allowed != or.Allowed, r.now)
+	if d.Allowed {
+		r.dec.Admitted++
+		r.schedule(event{t: r.now + d.Result.Wait.Microseconds(), kind: evServed, a: int32(i), b: int32(ri), c: cost << 1})
+		return
+	}
+	if attempt < rs.Max && d.Result.RetryAfter != gcra.Never {
+		wait := max(d.Result.RetryAfter, time.Millisecond)
 		wait += time.Duration(r.rng.Float64() * rs.Jitter * float64(wait))
 		r.schedule(event{t: r.now + wait.Microseconds(), kind: evRetry, a: int32(i), b: int32(ri), c: cost<<8 | int64(attempt+1)})
 	}

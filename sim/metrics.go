@@ -101,41 +101,21 @@ func (m *metrics) advance(t int64) {
 
 // record adds one decided request of key i in region ri at t.
 func (m *metrics) record(i, ri int, cost int64, allowed, oracle bool, t int64) {
-	if i < len(m.top) {
-		if s := m.series[i]; s != nil {
-			sec := t / 1_000_000
-			s.Offered[sec] += cost
-			if allowed {
-				s.Admitted[sec] += cost
-			}
-			if oracle {
-				s.Oracle[sec] += cost
-			}
-		}
-	}
-	if t < m.warmup {
-		return
-	}
-	km := &m.k[i]
-	km.requests++
-	m.totalRequests++
-	km.offered += cost
-	if allowed != oracle {
-		km.disagree++
-		m.totalDis++
+	m.offer(i, cost, allowed != oracle, t)
+	if allowed {
+		m.served(i, ri, cost, false, t)
 	}
 	if oracle {
-		km.oracle += cost
+		m.served(i, ri, cost, true, t)
 	}
-	if allowed {
-		km.admitted += cost
-		// OA_budget: the admitted stream through GCRA(rate, burst) as a
-		// conformance meter; non-conforming admits do not advance it.
-		k := &m.r.keys[i]
-		if next, res, err := gcra.Allow(k.budget, km.meterTAT, t, cost); err == nil && res.Allowed {
-			km.meterTAT = next
-		} else {
-			km.nonconf += cost
+}
+
+// offer counts one request of key i offered at t; disagree says whether
+// the system decided it otherwise than the oracle.
+func (m *metrics) offer(i int, cost int64, disagree bool, t int64) {
+	if i < len(m.top) {
+		if s := m.series[i]; s != nil {
+			s.Offered[t/1_000_000] += cost
 		}
 	}
 	for _, w := range m.wins {
@@ -145,14 +125,64 @@ func (m *metrics) record(i, ri int, cost int64, allowed, oracle bool, t int64) {
 			w.touched = append(w.touched, int32(i))
 		}
 		wk.off += cost
-		if allowed {
-			wk.a += cost
-			w.ar[i*m.regions+ri] += cost
+	}
+	if t < m.warmup {
+		return
+	}
+	km := &m.k[i]
+	km.requests++
+	m.totalRequests++
+	km.offered += cost
+	if disagree {
+		km.disagree++
+		m.totalDis++
+	}
+}
+
+// served counts cost of key i served in region ri at t: by the system, or
+// by the oracle when oracle is set. A decision is served when decided; a
+// reservation when its wait ends.
+func (m *metrics) served(i, ri int, cost int64, oracle bool, t int64) {
+	if i < len(m.top) {
+		if s := m.series[i]; s != nil {
+			sec := t / 1_000_000
+			if oracle {
+				s.Oracle[sec] += cost
+			} else {
+				s.Admitted[sec] += cost
+			}
+		}
+	}
+	for _, w := range m.wins {
+		wk := &w.k[i]
+		if !wk.mark {
+			wk.mark = true
+			w.touched = append(w.touched, int32(i))
 		}
 		if oracle {
 			wk.as += cost
 			w.asr[i*m.regions+ri] += cost
+		} else {
+			wk.a += cost
+			w.ar[i*m.regions+ri] += cost
 		}
+	}
+	if t < m.warmup {
+		return
+	}
+	km := &m.k[i]
+	if oracle {
+		km.oracle += cost
+		return
+	}
+	km.admitted += cost
+	// OA_budget: the admitted stream through GCRA(rate, burst) as a
+	// conformance meter; non-conforming admits do not advance it.
+	k := &m.r.keys[i]
+	if next, res, err := gcra.Allow(k.budget, km.meterTAT, t, cost); err == nil && res.Allowed {
+		km.meterTAT = next
+	} else {
+		km.nonconf += cost
 	}
 }
 

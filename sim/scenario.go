@@ -183,10 +183,13 @@ type OnOffSpec struct {
 }
 
 // RetrySpec: a denied client retries after retry-after plus uniform jitter
-// of up to Jitter×retry-after, at most Max times.
+// of up to Jitter×retry-after, at most Max times. With Reserve, clients
+// book a reservation instead (seed 000): a request waits up to Reserve for
+// its slot, and one refused retries as above; the oracle books too.
 type RetrySpec struct {
-	Max    int     `yaml:"max"`
-	Jitter float64 `yaml:"jitter"`
+	Max     int      `yaml:"max"`
+	Jitter  float64  `yaml:"jitter"`
+	Reserve Duration `yaml:"reserve"`
 }
 
 // FaultsSpec lists faults in time windows.
@@ -422,8 +425,11 @@ func (s *Scenario) Validate() error {
 		}
 	}
 	if r := w.Retry; r != nil {
-		if r.Max < 1 || r.Max > 100 {
-			bad("workload.retry.max", "%d: must be in [1, 100]", r.Max)
+		if r.Max < 0 || r.Max > 100 || (r.Max == 0 && r.Reserve == 0) {
+			bad("workload.retry.max", "%d: must be in [1, 100] (or 0 with reserve)", r.Max)
+		}
+		if r.Reserve < 0 || r.Reserve.D() > time.Hour {
+			bad("workload.retry.reserve", "%s: must be in [0, 1h]", r.Reserve.D())
 		}
 		if !(r.Jitter >= 0 && r.Jitter <= 10) {
 			bad("workload.retry.jitter", "%v: must be in [0, 10]", r.Jitter)

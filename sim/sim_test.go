@@ -368,3 +368,36 @@ func TestReportOutputs(t *testing.T) {
 		t.Error("no confidence interval with 3 seeds")
 	}
 }
+
+// Reserving clients (seed 000) against retrying ones on the retry-storm
+// workload: fewer calls per admitted request, and still no over-admission.
+func TestReservingClients(t *testing.T) {
+	base, err := Builtin("retry-storm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base.Duration = Duration(60 * time.Second)
+	base.Seeds = []uint64{1}
+	run := func(retry *RetrySpec) *Result {
+		sc := *base
+		sc.Workload.Retry = retry
+		rep := sweep(t, &sc, Options{Strategies: []string{"ewma"}, Intervals: []time.Duration{time.Second}})
+		return rep.Runs[0]
+	}
+	plain := run(nil)
+	retrying := run(&RetrySpec{Max: 5, Jitter: 0.5})
+	reserving := run(&RetrySpec{Max: 5, Jitter: 0.5, Reserve: Duration(2 * time.Second)})
+	perAdmitted := func(r *Result) float64 { return float64(r.Requests) / float64(r.Admitted) }
+	t.Logf("calls per admitted: no retries %.2f, retrying %.2f, reserving %.2f", perAdmitted(plain), perAdmitted(retrying), perAdmitted(reserving))
+	if retrying.Requests <= plain.Requests {
+		t.Errorf("retries did not inflate offered requests: %d vs %d", retrying.Requests, plain.Requests)
+	}
+	if perAdmitted(reserving) >= perAdmitted(retrying) {
+		t.Errorf("reserving clients made %.2f calls per admitted request, retrying ones %.2f: want fewer", perAdmitted(reserving), perAdmitted(retrying))
+	}
+	for _, r := range []*Result{retrying, reserving} {
+		if r.OABudget.Max != 0 {
+			t.Errorf("OA_budget %+v with closed limits", r.OABudget)
+		}
+	}
+}

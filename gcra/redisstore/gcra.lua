@@ -101,6 +101,8 @@ local function convert(tat, pT, pB, aT, aB, ta)
   local q, r = muldiv(x, aT, pT)
   if r > 0 then q = q + 1 end
   if q > CONVCAP then q = CONVCAP end
+  -- Booked slots keep their times: the debt is never shorter than it was.
+  if q < x then q = x end
   return ta + full + q
 end
 
@@ -120,8 +122,10 @@ local function tatunder(exists, tat, tag, aT, aB, aTag, aEff, hasP, pT, pB, pTag
     if tag == aTag then return tat end
     if hasP and tag == pTag then return convert(tat, pT, pB, aT, aB, aEff) end
     if newer(tag, aTag) then return tat end
-    if not hasP then return emptyat(aT, aB, aEff) end
-    return convert(emptyat(pT, pB, pEff), pT, pB, aT, aB, aEff)
+    -- Older than the previous change: empty at that change, or its own
+    -- TAT if later (slots it booked keep their times).
+    if not hasP then return math.max(emptyat(aT, aB, aEff), tat) end
+    return convert(math.max(emptyat(pT, pB, pEff), tat), pT, pB, aT, aB, aEff)
   end
   if not hasP then return now end
   return convert(aEff, pT, pB, aT, aB, aEff)
