@@ -31,22 +31,31 @@ func benchNode(b *testing.B) (*Node, []*Request) {
 	return n, reqs
 }
 
+// parallel runs f on the requests round-robin from every goroutine, each
+// with its own Decision.
+func parallel(b *testing.B, reqs []*Request, f func(r *Request, d *Decision) error) {
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		var d Decision
+		for i := 0; pb.Next(); i++ {
+			if err := f(reqs[i%len(reqs)], &d); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
 // BenchmarkResolveRecord is the node's own per-request cost: resolve a
 // two-limit request to keys and schedules, then record its outcome.
 func BenchmarkResolveRecord(b *testing.B) {
 	n, reqs := benchNode(b)
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		var d Decision
-		i := 0
-		for pb.Next() {
-			if err := n.Resolve(reqs[i%len(reqs)], &d); err != nil {
-				b.Fatal(err)
-			}
-			d.Allowed = true
-			n.Record(&d)
-			i++
+	parallel(b, reqs, func(r *Request, d *Decision) error {
+		if err := n.Resolve(r, d); err != nil {
+			return err
 		}
+		d.Allowed = true
+		n.Record(d)
+		return nil
 	})
 }
 
@@ -54,16 +63,8 @@ func BenchmarkResolveRecord(b *testing.B) {
 // resolve, one composite DecideAll, record.
 func BenchmarkDecideMemstore(b *testing.B) {
 	n, reqs := benchNode(b)
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		var d Decision
-		i := 0
-		for pb.Next() {
-			if err := n.Decide(context.Background(), 1_700_000_000_000_000, reqs[i%len(reqs)], &d); err != nil {
-				b.Fatal(err)
-			}
-			i++
-		}
+	parallel(b, reqs, func(r *Request, d *Decision) error {
+		return n.Decide(context.Background(), 1_700_000_000_000_000, r, d)
 	})
 }
 
