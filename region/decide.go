@@ -13,12 +13,14 @@ import (
 type Match struct {
 	// Descriptor is the index of the first request descriptor that formed
 	// this key (two descriptors naming the same key are one check with the
-	// costs summed).
-	Descriptor int
-	Rule       *Rule
-	Key        gcra.Key
-	Schedule   gcra.Schedule
-	Cost       int64
+	// costs summed); Descriptors has bit i set for every descriptor i that
+	// formed it (MaxDescriptors is 64).
+	Descriptor  int
+	Descriptors uint64
+	Rule        *Rule
+	Key         gcra.Key
+	Schedule    gcra.Schedule
+	Cost        int64
 	// Result is this limit's outcome once decided.
 	Result gcra.Result
 
@@ -63,6 +65,17 @@ func (d *Decision) Reset() {
 	d.Allowed, d.Result, d.Fallback, d.FallbackMode, d.ShadowDenied = false, gcra.Result{}, false, 0, false
 	d.enforced = 0
 	d.binds = d.binds[:0]
+}
+
+// MatchOf returns the match request descriptor i formed, or nil when it
+// touches no limit (no match, unlimited, or replaced).
+func (d *Decision) MatchOf(i int) *Match {
+	for j := range d.Matches {
+		if d.Matches[j].Descriptors&(1<<uint(i)) != 0 {
+			return &d.Matches[j]
+		}
+	}
+	return nil
 }
 
 // Enforced returns the enforced matches; Shadow the shadow-mode ones.
@@ -135,13 +148,13 @@ func (n *Node) Resolve(req *Request, d *Decision) error {
 		if len(d.buf)+len(t) > gcra.MaxKeyLen {
 			return badRequest("descriptors[%d]: key of %d bytes, above the maximum %d", i, len(d.buf)+len(t), gcra.MaxKeyLen)
 		}
-		if merged := d.merge(rule, cost); merged {
+		if merged := d.merge(i, cost); merged {
 			continue
 		}
 		if len(d.Matches) == gcra.MaxChecks {
 			return badRequest("more than %d limits in one request", gcra.MaxChecks)
 		}
-		m := Match{Descriptor: i, Rule: rule, Cost: cost}
+		m := Match{Descriptor: i, Descriptors: 1 << uint(i), Rule: rule, Cost: cost}
 		m.entry = n.keys.get(d.buf, t, dom.hashTag != "", rule.Scope == Global)
 		if m.entry != nil {
 			m.Key = m.entry.key
@@ -187,10 +200,11 @@ func checkDescriptor(i int, desc *Descriptor) error {
 
 // merge adds cost to an earlier match of the same key (d.buf), reporting
 // whether there was one.
-func (d *Decision) merge(rule *Rule, cost int64) bool {
+func (d *Decision) merge(desc int, cost int64) bool {
 	for j := range d.Matches {
 		if d.Matches[j].Key.Name == string(d.buf) {
 			d.Matches[j].Cost = min(d.Matches[j].Cost+cost, MaxCost+MaxCost)
+			d.Matches[j].Descriptors |= 1 << uint(desc)
 			return true
 		}
 	}

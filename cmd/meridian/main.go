@@ -25,6 +25,7 @@ type command struct {
 // commands lists the subcommands; each parses its own flags and answers
 // --help.
 var commands = []command{
+	{"agent", "run a region's agent: Envoy RLS v3 and a JSON API deciding on the region's Redis", runAgent},
 	{"gcra", "print the decision trace of a GCRA limit for a pattern of arrivals", runGCRA},
 	{"bench", "benchmarks: `bench redis` compares the Redis store with redis_rate and a plain EVALSHA", runBench},
 	{"sim", "simulate a scenario for every strategy and interval against the ideal global limiter", runSim},

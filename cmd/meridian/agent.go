@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/meridian-quota/meridian/gcra/redisstore"
+	"github.com/meridian-quota/meridian/region"
+	"github.com/meridian-quota/meridian/region/agent"
+)
+
+const agentSynopsis = `
+Run a region's agent beside its gateways: Envoy RLS v3 over gRPC and a JSON
+API over HTTP, deciding on the region's Redis with the node's policy.
+
+  meridian agent --config agent.yaml`
+
+func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("agent", agentSynopsis, stdout, stderr)
+	path := fs.String("config", "", "the agent's YAML configuration (required)")
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
+	}
+	if *path == "" {
+		fmt.Fprintln(stderr, "meridian agent: --config is required")
+		return errUsage
+	}
+	cfg, err := agent.LoadConfig(*path)
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(cfg.Policy)
+	if err != nil {
+		return err
+	}
+	policy, err := region.ParsePolicy(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", cfg.Policy, err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr, ContextTimeoutEnabled: true})
+	defer client.Close()
+	scfg := redisstore.DefaultConfig()
+	scfg.Prefix = cfg.Redis.Prefix
+	scfg.Timeout = time.Duration(cfg.Redis.Timeout)
+	store, err := redisstore.New(client, scfg)
+	if err != nil {
+		return err
+	}
+	ncfg := region.DefaultConfig(cfg.Region, cfg.Agent, cfg.Regions...)
+	ncfg.Interval = time.Duration(cfg.Interval)
+	ncfg.Agents = cfg.Agents
+	node, err := region.NewNode(ncfg, policy, store)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	a, err := agent.New(*cfg, node, log)
+	if err != nil {
+		return err
+	}
+	var gl, hl net.Listener
+	if cfg.GRPC != "" {
+		if gl, err = net.Listen("tcp", cfg.GRPC); err != nil {
+			return err
+		}
+	}
+	if cfg.HTTP != "" {
+		if hl, err = net.Listen("tcp", cfg.HTTP); err != nil {
+			return err
+		}
+	}
+	log.Info("agent serving", "region", cfg.Region, "agent", cfg.Agent, "grpc", cfg.GRPC, "http", cfg.HTTP, "policy", policy.Version())
+	return a.Run(ctx, gl, hl)
+}

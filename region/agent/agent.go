@@ -1,0 +1,414 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/region"
+)
+
+// Agent is the shell around a region.Node: it serves Envoy RLS v3 over
+// gRPC and a JSON API over HTTP, runs the node's loop (Tick), and exposes
+// health and metrics. Every decision is the node's.
+type Agent struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	cfg    Config
+	node   *region.Node
+	log    *slog.Logger
+	reg    *prometheus.Registry
+	health *health.Server
+	ready  atomic.Bool
+	pool   sync.Pool // *work
+	now    func() int64
+
+	decisions *prometheus.CounterVec
+	errors    prometheus.Counter
+}
+
+// work is one request's scratch space, pooled.
+type work struct {
+	d    region.Decision
+	req  region.Request
+	desc []region.Descriptor
+	ents []region.Entry
+}
+
+// New returns an agent for node, with its own metrics registry (served on
+// /metrics).
+func New(cfg Config, node *region.Node, log *slog.Logger) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	a := &Agent{cfg: cfg, node: node, log: log, reg: prometheus.NewRegistry(), health: health.NewServer(),
+		now: func() int64 { return time.Now().UnixMicro() }}
+	a.pool.New = func() any { return new(work) }
+	a.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "meridian_decisions_total", Help: "Requests decided, by protocol and result (ok, over_limit).",
+	}, []string{"protocol", "result"})
+	a.errors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "meridian_bad_requests_total", Help: "Requests refused as malformed (nothing consumed).",
+	})
+	for _, p := range []string{"rls", "http"} {
+		for _, r := range []string{"ok", "over_limit"} {
+			a.decisions.WithLabelValues(p, r) // every series exists from the start
+		}
+	}
+	stat := func(name, help string, f func(region.Stats) int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(f(node.Stats())) })
+	}
+	a.reg.MustRegister(a.decisions, a.errors,
+		stat("meridian_fallback_open_total", "Requests admitted by failure_mode open while the store failed.", func(s region.Stats) int64 { return s.FallbackOpen }),
+		stat("meridian_fallback_closed_total", "Requests denied by failure_mode closed while the store failed.", func(s region.Stats) int64 { return s.FallbackClosed }),
+		stat("meridian_fallback_local_total", "Requests decided in memory by failure_mode local while the store failed.", func(s region.Stats) int64 { return s.FallbackLocal }),
+		stat("meridian_shadow_would_deny_total", "Requests a shadow-mode limit would have denied.", func(s region.Stats) int64 { return s.ShadowDenied }),
+		stat("meridian_store_errors_total", "Store calls that failed.", func(s region.Stats) int64 { return s.StoreErrors }),
+		stat("meridian_untracked_keys_total", "Checks on keys beyond the tracked-key cap (decided, not reported).", func(s region.Stats) int64 { return s.Overflow }),
+	)
+	a.ready.Store(true) // the safe share is in force until a table arrives
+	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	return a, nil
+}
+
+// Registry returns the agent's metrics registry.
+func (a *Agent) Registry() *prometheus.Registry { return a.reg }
+
+// errBadRequest marks a malformed request (answered InvalidArgument / 400).
+var errBadRequest = errors.New("bad request")
+
+// maxHits is the largest cost a request may carry (hits_addend is a uint32
+// at request level; the per-descriptor one is a UInt64Value, capped here).
+const maxHits = math.MaxUint32
+
+// decide runs one request through the node: w.req is filled in.
+func (a *Agent) decide(ctx context.Context, w *work) error {
+	return a.node.Decide(ctx, a.now(), &w.req, &w.d)
+}
+
+// ShouldRateLimit implements Envoy's RLS v3: domain and descriptors map to
+// the node's request; hits_addend 0 at request level means 1, an explicit
+// per-descriptor 0 peeks. Unknown domains and descriptors that match
+// nothing answer OK with no limit, as Envoy's reference server does.
+func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	w := a.pool.Get().(*work)
+	defer a.pool.Put(w)
+	if err := a.fromRLS(in, w); err != nil {
+		a.errors.Inc()
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := a.decide(ctx, w); err != nil {
+		a.errors.Inc()
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	out := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	if !w.d.Allowed {
+		out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	for i := range in.Descriptors {
+		out.Statuses = append(out.Statuses, rlsStatus(w.d.MatchOf(i)))
+	}
+	a.count("rls", w.d.Allowed)
+	return out, nil
+}
+
+func (a *Agent) count(protocol string, allowed bool) {
+	r := "ok"
+	if !allowed {
+		r = "over_limit"
+	}
+	a.decisions.WithLabelValues(protocol, r).Inc()
+}
+
+func (a *Agent) fromRLS(in *rlsv3.RateLimitRequest, w *work) error {
+	hits := int64(in.HitsAddend)
+	if hits == 0 {
+		hits = 1
+	}
+	w.req = region.Request{Domain: in.Domain, Cost: hits}
+	w.desc, w.ents = w.desc[:0], w.ents[:0]
+	for i, d := range in.Descriptors {
+		if d.GetIsNegativeHits() {
+			return fmt.Errorf("%w: descriptors[%d]: negative hits (refilling tokens) are not supported", errBadRequest, i)
+		}
+		start := len(w.ents)
+		for _, e := range d.Entries {
+			w.ents = append(w.ents, region.Entry{Key: e.Key, Value: e.Value})
+		}
+		rd := region.Descriptor{Entries: w.ents[start:len(w.ents):len(w.ents)]}
+		if h := d.GetHitsAddend(); h != nil {
+			if h.Value > maxHits {
+				return fmt.Errorf("%w: descriptors[%d].hits_addend %d above 2^32−1", errBadRequest, i, h.Value)
+			}
+			rd.Cost, rd.HasCost = int64(h.Value), true
+		}
+		w.desc = append(w.desc, rd)
+	}
+	w.req.Descriptors = w.desc
+	return nil
+}
+
+// rlsStatus is one descriptor's status: current_limit is the global limit
+// the key was sold, limit_remaining what this region will still admit now,
+// duration_until_reset max(TAT − now, 0) when OK and the retry-after when
+// over (ARCHITECTURE.md, "Interfaces to the outside").
+func rlsStatus(m *region.Match) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	if m == nil {
+		return st
+	}
+	r := &m.Result
+	st.CurrentLimit = currentLimit(m.Rule.Limit)
+	st.LimitRemaining = uint32(min(max(r.Remaining, 0), math.MaxUint32))
+	if !over(m) {
+		st.DurationUntilReset = durationpb.New(r.ResetAfter)
+		return st
+	}
+	st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	if r.RetryAfter != gcra.Never {
+		st.DurationUntilReset = durationpb.New(r.RetryAfter)
+	}
+	return st
+}
+
+// over reports whether the match's own limit denied: a limit that would
+// have admitted, in a composite another limit denied, is reported OK with
+// its untouched state (it was not charged); shadow limits never deny.
+func over(m *region.Match) bool {
+	r := &m.Result
+	return !m.Rule.Shadow && !r.Allowed && (r.TooLarge || r.RetryAfter > 0 || r.Limit.IsZero())
+}
+
+// currentLimit expresses a limit in RLS units: its rate per its period when
+// that is a second, minute, hour or day; otherwise per the smallest of those
+// that holds the period, scaled (rounded down).
+func currentLimit(l gcra.Limit) *rlsv3.RateLimitResponse_RateLimit {
+	events, period := l.Rate()
+	if period <= 0 {
+		// Built from an interval: per second from T.
+		events, period = int64(time.Second)/max(int64(l.Interval()), 1), time.Second
+	}
+	units := []struct {
+		d time.Duration
+		u rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
+		{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+		{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
+		{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+	}
+	for _, u := range units {
+		if period <= u.d {
+			n := events * int64(u.d) / int64(period)
+			return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(min(n, math.MaxUint32)), Unit: u.u}
+		}
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(min(events, math.MaxUint32)), Unit: rlsv3.RateLimitResponse_RateLimit_DAY}
+}
+
+// DecideRequest is the body of POST /v1/decide.
+type DecideRequest struct {
+	Domain      string         `json:"domain"`
+	Descriptors []DescriptorIn `json:"descriptors"`
+	HitsAddend  uint32         `json:"hits_addend,omitempty"`
+}
+
+// DescriptorIn is one descriptor of a DecideRequest.
+type DescriptorIn struct {
+	Entries    []EntryIn `json:"entries"`
+	HitsAddend *uint64   `json:"hits_addend,omitempty"`
+}
+
+// EntryIn is one key/value entry.
+type EntryIn struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// DecideResponse is the answer of POST /v1/decide.
+type DecideResponse struct {
+	Allowed  bool            `json:"allowed"`
+	Statuses []DescriptorOut `json:"statuses"`
+}
+
+// DescriptorOut is one descriptor's status.
+type DescriptorOut struct {
+	Code string `json:"code"` // OK or OVER_LIMIT
+	// Limit is the global limit the key was sold, e.g. "1000/1s burst 200".
+	Limit     string `json:"limit,omitempty"`
+	Remaining int64  `json:"remaining"`
+	// ResetMs is max(TAT − now, 0) when OK, the retry-after when over;
+	// RetryAfterMs is set only when over.
+	ResetMs      float64 `json:"reset_ms"`
+	RetryAfterMs float64 `json:"retry_after_ms,omitempty"`
+	Shadow       bool    `json:"shadow,omitempty"`
+}
+
+// maxBody bounds a JSON request body.
+const maxBody = 1 << 20
+
+func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(rw, "POST only", http.StatusMethodNotAllowed)
+		return
+	}
+	var in DecideRequest
+	dec := json.NewDecoder(http.MaxBytesReader(rw, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		a.errors.Inc()
+		http.Error(rw, "decide: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	// The same mapping as RLS, so both protocols decide alike.
+	rls := &rlsv3.RateLimitRequest{Domain: in.Domain, HitsAddend: in.HitsAddend}
+	for _, d := range in.Descriptors {
+		rd := &commonv3.RateLimitDescriptor{}
+		for _, e := range d.Entries {
+			rd.Entries = append(rd.Entries, &commonv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
+		}
+		if d.HitsAddend != nil {
+			rd.HitsAddend = wrapperspb.UInt64(*d.HitsAddend)
+		}
+		rls.Descriptors = append(rls.Descriptors, rd)
+	}
+	w := a.pool.Get().(*work)
+	defer a.pool.Put(w)
+	if err := a.fromRLS(rls, w); err != nil {
+		a.errors.Inc()
+		http.Error(rw, "decide: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if err := a.decide(r.Context(), w); err != nil {
+		a.errors.Inc()
+		http.Error(rw, "decide: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	out := DecideResponse{Allowed: w.d.Allowed, Statuses: make([]DescriptorOut, len(in.Descriptors))}
+	for i := range in.Descriptors {
+		o := &out.Statuses[i]
+		o.Code = "OK"
+		m := w.d.MatchOf(i)
+		if m == nil {
+			continue
+		}
+		res := &m.Result
+		o.Limit, o.Remaining, o.Shadow = m.Rule.Limit.String(), res.Remaining, m.Rule.Shadow
+		o.ResetMs = ms(res.ResetAfter)
+		if over(m) {
+			o.Code = "OVER_LIMIT"
+			if res.RetryAfter != gcra.Never {
+				o.RetryAfterMs = ms(res.RetryAfter)
+				o.ResetMs = o.RetryAfterMs
+			}
+		}
+	}
+	a.count("http", w.d.Allowed)
+	rw.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(rw).Encode(out)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// Handler returns the HTTP API: POST /v1/decide, /healthz, /readyz,
+// /metrics.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/decide", a.handleDecide)
+	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		if !a.ready.Load() {
+			http.Error(rw, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = rw.Write([]byte("ready\n"))
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// RegisterGRPC registers the RLS and health services on s.
+func (a *Agent) RegisterGRPC(s *grpc.Server) {
+	rlsv3.RegisterRateLimitServiceServer(s, a)
+	healthpb.RegisterHealthServer(s, a.health)
+}
+
+// Run serves on the listeners (either may be nil) and runs the node's loop
+// until ctx ends, then drains: readiness fails, the servers stop accepting
+// and finish in-flight requests.
+func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
+	errc := make(chan error, 2)
+	var gs *grpc.Server
+	if grpcLis != nil {
+		gs = grpc.NewServer()
+		a.RegisterGRPC(gs)
+		go func() { errc <- gs.Serve(grpcLis) }()
+	}
+	var hs *http.Server
+	if httpLis != nil {
+		hs = &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := hs.Serve(httpLis); !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+				return
+			}
+			errc <- nil
+		}()
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var err error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err = <-errc:
+			if err != nil {
+				break loop
+			}
+		case <-tick.C:
+			if rep := a.node.Tick(a.now()); rep != nil {
+				a.log.Debug("demand report", "interval", rep.Interval, "keys", len(rep.Keys))
+			}
+		}
+	}
+	a.ready.Store(false)
+	a.health.Shutdown()
+	if hs != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = hs.Shutdown(sctx)
+		cancel()
+	}
+	if gs != nil {
+		gs.GracefulStop()
+	}
+	return err
+}
+
+var _ rlsv3.RateLimitServiceServer = (*Agent)(nil)

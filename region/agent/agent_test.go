@@ -1,0 +1,283 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/meridian-quota/meridian/gcra/redisstore"
+	"github.com/meridian-quota/meridian/internal/testenv"
+	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/region"
+)
+
+// Hourly limits beside the seed trace's 5/s so that real time refills
+// nothing the tests count on.
+const testPolicy = `
+domains:
+  - domain: api
+    hash_tag: tenant
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: second, requests_per_unit: 5, burst: 3}
+        descriptors:
+          - key: route
+            value: /search
+            rate_limit: {unit: hour, requests_per_unit: 2, burst: 2}
+  - domain: users
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 100, burst: 10}
+`
+
+// start runs an agent for region eu alone, on real Redis, with a table
+// giving eu every key's whole budget, and returns an RLS client and the
+// HTTP server's URL.
+func start(t *testing.T) (*Agent, rlsv3.RateLimitServiceClient, string) {
+	t.Helper()
+	c := testenv.Redis(t)
+	prefix := testenv.Prefix(t)
+	t.Cleanup(func() { testenv.Cleanup(t, c, prefix) })
+	scfg := redisstore.DefaultConfig()
+	scfg.Prefix = prefix
+	store, err := redisstore.New(c, scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := region.ParsePolicy([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := region.NewNode(region.DefaultConfig("eu", "eu-1", "eu"), pol, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy = "eu", "eu-1", []string{"eu"}, "inline"
+	a, err := New(cfg, node, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, lis, nil) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	srv := httptest.NewServer(a.Handler())
+	t.Cleanup(srv.Close)
+	return a, rlsv3.NewRateLimitServiceClient(conn), srv.URL
+}
+
+// giveAll applies a table giving eu the whole budget of each key, effective
+// an hour back so that the keys hold their full bursts.
+func giveAll(t *testing.T, a *Agent, keys ...string) {
+	t.Helper()
+	now := time.Now().UnixMicro()
+	tb := &rebalance.Table{Term: 1, Epoch: 1, Issued: now, Effective: now - 3600e6, Regions: []string{"eu"},
+		Leases: []int64{now + 600e6}, Agents: [][]string{{"eu-1"}}}
+	for _, k := range keys {
+		var budget = a.node.Policy().Rules()[0].Limit
+		if strings.Contains(k, "route=") {
+			budget = a.node.Policy().Rules()[1].Limit
+		}
+		if strings.Contains(k, "user=") {
+			budget = a.node.Policy().Rules()[2].Limit
+		}
+		tb.Keys = append(tb.Keys, rebalance.KeyShares{Key: k, Budget: budget, Shares: []uint32{rebalance.PPM}, Version: 1})
+	}
+	if err := a.node.Apply(tb, now); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func desc(hits *uint64, kv ...string) *commonv3.RateLimitDescriptor {
+	d := &commonv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &commonv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	if hits != nil {
+		d.HitsAddend = wrapperspb.UInt64(*hits)
+	}
+	return d
+}
+
+func u64(v uint64) *uint64 { return &v }
+
+func TestRLSSeedTrace(t *testing.T) {
+	a, cl, _ := start(t)
+	giveAll(t, a, region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}}))
+	ctx := context.Background()
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", "acme")}}
+	// Seed 003: 5/s, burst 3 — three admitted back to back, the fourth
+	// over with about 200 ms to wait.
+	for i := range 4 {
+		resp, err := cl.ShouldRateLimit(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := resp.Statuses[0]
+		if i < 3 {
+			if resp.OverallCode != rlsv3.RateLimitResponse_OK || st.LimitRemaining != uint32(2-i) {
+				t.Fatalf("request %d: %v remaining %d, want OK with %d", i, resp.OverallCode, st.LimitRemaining, 2-i)
+			}
+			continue
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || st.Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("request 4: %v, want OVER_LIMIT", resp.OverallCode)
+		}
+		if d := st.DurationUntilReset.AsDuration(); d <= 100*time.Millisecond || d > 200*time.Millisecond {
+			t.Errorf("request 4: duration_until_reset %v, want the retry-after (≤ 200 ms)", d)
+		}
+		if cl := st.CurrentLimit; cl.RequestsPerUnit != 5 || cl.Unit != rlsv3.RateLimitResponse_RateLimit_SECOND {
+			t.Errorf("current_limit %v, want 5 per second", cl)
+		}
+	}
+}
+
+func TestRLSCompositeAndHits(t *testing.T) {
+	a, cl, url := start(t)
+	tenant := region.KeyName("api", []region.Entry{{Key: "tenant", Value: "t1"}})
+	route := region.KeyName("api", []region.Entry{{Key: "tenant", Value: "t1"}, {Key: "route", Value: "/search"}})
+	giveAll(t, a, tenant, route)
+	ctx := context.Background()
+	both := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{
+		desc(nil, "tenant", "t1"), desc(nil, "tenant", "t1", "route", "/search")}}
+	// The route's burst of 2 holds; the tenant (burst 3) is never charged
+	// for the denied composite (envoyproxy/ratelimit#1060).
+	for i := range 3 {
+		resp, err := cl.ShouldRateLimit(ctx, both)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := rlsv3.RateLimitResponse_OK
+		if i == 2 {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if resp.OverallCode != want {
+			t.Fatalf("composite %d: %v, want %v", i, resp.OverallCode, want)
+		}
+		if i == 2 && (resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[1].Code != rlsv3.RateLimitResponse_OVER_LIMIT) {
+			t.Errorf("composite 3: statuses %v %v, want the tenant OK and the route over", resp.Statuses[0].Code, resp.Statuses[1].Code)
+		}
+	}
+	// Per-descriptor hits_addend 0 peeks: OK, nothing consumed.
+	peek := &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 5, Descriptors: []*commonv3.RateLimitDescriptor{desc(u64(0), "tenant", "t1")}}
+	resp, err := cl.ShouldRateLimit(ctx, peek)
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 1 {
+		t.Fatalf("peek: %v %v, want OK with 1 remaining (3 − 2 charged)", resp, err)
+	}
+	// 2^32−1 can never fit: over, with no reset that invites a retry.
+	huge := &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 1<<32 - 1, Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", "t1")}}
+	resp, err = cl.ShouldRateLimit(ctx, huge)
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].DurationUntilReset != nil {
+		t.Fatalf("2^32−1: %v %v, want OVER_LIMIT without a reset", resp, err)
+	}
+	// Request-level 0 means 1: the tenant's last token.
+	one := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", "t1")}}
+	if resp, err = cl.ShouldRateLimit(ctx, one); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 0 {
+		t.Fatalf("hits 0: %v %v, want OK with 0 remaining", resp, err)
+	}
+	// A per-descriptor hits_addend above 2^32−1 is refused, nothing consumed.
+	if _, err := cl.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "users", Descriptors: []*commonv3.RateLimitDescriptor{desc(u64(1<<32), "user", "u")}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("hits 2^32: err %v, want InvalidArgument", err)
+	}
+	// Unknown domain and unmatched descriptors: OK with no limit.
+	for _, r := range []*rlsv3.RateLimitRequest{
+		{Domain: "nope", Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", "t1")}},
+		{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "colour", "red")}},
+	} {
+		resp, err := cl.ShouldRateLimit(ctx, r)
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.Statuses) != 1 || resp.Statuses[0].CurrentLimit != nil {
+			t.Errorf("%s: %v %v, want OK with no limit", r.Domain, resp, err)
+		}
+	}
+	// The HTTP API decides the same: the tenant is now out of tokens.
+	body, _ := json.Marshal(DecideRequest{Domain: "api", Descriptors: []DescriptorIn{{Entries: []EntryIn{{"tenant", "t1"}}}}})
+	hr, err := http.Post(url+"/v1/decide", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hr.Body.Close()
+	var out DecideResponse
+	if err := json.NewDecoder(hr.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Allowed || out.Statuses[0].Code != "OVER_LIMIT" || out.Statuses[0].RetryAfterMs <= 0 {
+		t.Errorf("HTTP decide: %+v, want OVER_LIMIT with a retry-after", out)
+	}
+	// Bad JSON is a 400.
+	hr2, err := http.Post(url+"/v1/decide", "application/json", strings.NewReader(`{"domain": "api", "colour": 1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr2.Body.Close()
+	if hr2.StatusCode != http.StatusBadRequest {
+		t.Errorf("unknown JSON field: status %d, want 400", hr2.StatusCode)
+	}
+}
+
+func TestMetricsExposed(t *testing.T) {
+	a, _, url := start(t)
+	_ = a
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	for _, name := range []string{"meridian_decisions_total", "meridian_fallback_local_total", "meridian_shadow_would_deny_total", "meridian_store_errors_total"} {
+		if !strings.Contains(b.String(), name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	tests := []struct{ name, give, want string }{
+		{"empty", "", "empty file"},
+		{"unknown field", "region: eu\ncolour: red\n", "field colour not found"},
+		{"missing identity", "policy: p.yaml\n", "region: empty"},
+		{"region not listed", "region: eu\nagent: a\nregions: [us]\npolicy: p.yaml\n", `does not list region "eu"`},
+		{"bad timeout", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {timeout: 0s}\n", "redis.timeout: 0s"},
+		{"no policy", "region: eu\nagent: a\nregions: [eu]\n", "policy: empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := ParseConfig([]byte(tt.give)); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v, want %q", err, tt.want)
+			}
+		})
+	}
+	c, err := ParseConfig([]byte("region: eu\nagent: eu-1\nregions: [eu, us]\npolicy: p.yaml\n"))
+	if err != nil || c.GRPC != DefaultConfig().GRPC || time.Duration(c.Redis.Timeout) != 5*time.Millisecond {
+		t.Errorf("defaults: %+v %v", c, err)
+	}
+}

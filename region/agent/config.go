@@ -1,0 +1,151 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Duration is a time.Duration written in YAML as a Go duration string.
+type Duration time.Duration
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: want a duration like 5ms, got %q", n.Line, n.Value)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration: %v", n.Line, s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Config is the agent's one YAML file. DefaultConfig documents each
+// default; LoadConfig reads, defaults and validates it.
+type Config struct {
+	// Region and Agent name this agent; Regions lists every region.
+	Region  string   `yaml:"region"`
+	Agent   string   `yaml:"agent"`
+	Regions []string `yaml:"regions"`
+	// Policy is the policy file (relative to the config file).
+	Policy string `yaml:"policy"`
+	// Listen addresses: GRPC serves Envoy RLS v3 and gRPC health; HTTP the
+	// JSON API, /healthz, /readyz and /metrics.
+	GRPC string `yaml:"grpc"`
+	HTTP string `yaml:"http"`
+	// Redis is this region's Redis.
+	Redis RedisConfig `yaml:"redis"`
+	// Interval is Δ, the report interval (the coordinator's).
+	Interval Duration `yaml:"interval"`
+	// Agents is the number of agents configured in the region.
+	Agents int `yaml:"agents"`
+}
+
+// RedisConfig is the region's Redis.
+type RedisConfig struct {
+	Addr    string   `yaml:"addr"`
+	Prefix  string   `yaml:"prefix"`
+	Timeout Duration `yaml:"timeout"`
+}
+
+// DefaultConfig returns the defaults LoadConfig fills in.
+func DefaultConfig() Config {
+	return Config{
+		GRPC:     "127.0.0.1:8081",          // Envoy's rate_limit_service points here
+		HTTP:     "127.0.0.1:8080",          // JSON API, health, metrics
+		Interval: Duration(5 * time.Second), // the coordinator's default Δ
+		Agents:   1,                         // one agent per region unless told
+		Redis: RedisConfig{
+			Addr:    "127.0.0.1:6379",
+			Prefix:  "meridian:",
+			Timeout: Duration(5 * time.Millisecond), // a decision must not wait on a slow Redis
+		},
+	}
+}
+
+// ErrConfig wraps every configuration error.
+var ErrConfig = errors.New("agent: invalid config")
+
+// LoadConfig reads the YAML file at path over the defaults and validates
+// it, reporting every problem with its field; unknown fields are errors.
+// Relative paths in it are resolved against the file's directory.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if c.Policy != "" && !filepath.IsAbs(c.Policy) {
+		c.Policy = filepath.Join(filepath.Dir(path), c.Policy)
+	}
+	return c, nil
+}
+
+// ParseConfig is LoadConfig on bytes.
+func ParseConfig(data []byte) (*Config, error) {
+	c := DefaultConfig()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: empty file", ErrConfig)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Validate reports every problem with c.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
+	}
+	if c.Region == "" {
+		bad("region", "empty")
+	}
+	if c.Agent == "" {
+		bad("agent", "empty")
+	}
+	if !slices.Contains(c.Regions, c.Region) {
+		bad("regions", "%q does not list region %q", c.Regions, c.Region)
+	}
+	if c.Policy == "" {
+		bad("policy", "empty: the policy file is required")
+	}
+	if c.GRPC == "" && c.HTTP == "" {
+		bad("grpc, http", "both empty: the agent would serve nothing")
+	}
+	if c.Redis.Addr == "" {
+		bad("redis.addr", "empty")
+	}
+	if t := time.Duration(c.Redis.Timeout); t <= 0 || t > 10*time.Second {
+		bad("redis.timeout", "%s: must be in (0, 10s]", t)
+	}
+	if iv := time.Duration(c.Interval); iv < 100*time.Millisecond || iv > 10*time.Minute {
+		bad("interval", "%s: must be in [100ms, 10m]", iv)
+	}
+	if c.Agents < 1 {
+		bad("agents", "%d: must be at least 1", c.Agents)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}
