@@ -235,11 +235,11 @@ type decisions struct {
 func NewRun(sc *Scenario, strategy string, interval time.Duration, seed uint64, trace *Trace) (*Run, error) {
 	r := &Run{sc: sc, strategy: strategy, interval: interval.Microseconds(), seed: seed, trace: trace,
 		rng: rand.New(rand.NewPCG(seed, 0x6d6572696469616e)), ctx: context.Background()}
-	r.end = sc.Duration.us()
+	r.end = us(sc.Duration)
 	if trace != nil {
 		r.end = (trace.end + 999_999) / 1_000_000 * 1_000_000
 	}
-	r.warmup = sc.Warmup.us()
+	r.warmup = us(sc.Warmup)
 	// Agents and the coordinator run their loops every 100 ms (at most
 	// Δ/10), as the shells do: acknowledgements and the increases that wait
 	// for them go out promptly, not a whole Δ later.
@@ -403,7 +403,7 @@ func (r *Run) buildRegions() error {
 	}
 	r.rcfg = cfg
 	for i, rg := range r.sc.Regions {
-		st := &regionState{name: rg.Name, skew: rg.ClockSkew.us(), weight: rg.Weight}
+		st := &regionState{name: rg.Name, skew: us(rg.ClockSkew), weight: rg.Weight}
 		mcfg := memstore.DefaultConfig()
 		mcfg.Shards = 16
 		mcfg.Clock = func() int64 { return st.clock }
@@ -560,14 +560,14 @@ func (r *Run) Simulate() (*Result, error) {
 	}
 	switch r.strategy {
 	case ReplicatedCounter:
-		r.schedule(event{t: r.sc.Sync.us(), kind: evSync})
+		r.schedule(event{t: us(r.sc.Sync), kind: evSync})
 	case Oracle:
 	default:
 		r.schedule(event{t: r.interval, kind: evCoordTick})
 	}
 	for _, f := range r.sc.Coordinator.Failovers {
-		r.schedule(event{t: f.At.us(), kind: evFailoverDown})
-		r.schedule(event{t: (f.At + f.For).us(), kind: evFailoverUp})
+		r.schedule(event{t: us(f.At), kind: evFailoverDown})
+		r.schedule(event{t: us(f.At + f.For), kind: evFailoverUp})
 	}
 	for len(r.events) > 0 {
 		e := r.unpack(r.events.pop())
@@ -604,9 +604,9 @@ func (r *Run) readTrace() {
 // configured shape and mean.
 func (r *Run) spell(on bool) int64 {
 	o := r.sc.Workload.OnOff
-	mean := o.MeanOff.us()
+	mean := us(o.MeanOff)
 	if on {
-		mean = o.MeanOn.us()
+		mean = us(o.MeanOn)
 	}
 	xm := float64(mean) * (o.Alpha - 1) / o.Alpha
 	u := 1 - r.rng.Float64()
@@ -619,10 +619,10 @@ func (r *Run) multiplier(i, ri int, t int64) float64 {
 	w := &r.sc.Workload
 	if f := w.FollowTheSun; f != nil {
 		phase := 2 * math.Pi * float64(ri) / float64(len(r.regions))
-		m *= 1 + f.Amplitude*math.Sin(2*math.Pi*float64(t)/float64(f.Period.us())+phase)
+		m *= 1 + f.Amplitude*math.Sin(2*math.Pi*float64(t)/float64(us(f.Period))+phase)
 	}
 	for _, fl := range w.Flash {
-		if r.keys[i].rank < fl.Keys && r.regions[ri].name == fl.Region && t >= fl.At.us() && t < (fl.At+fl.For).us() {
+		if r.keys[i].rank < fl.Keys && r.regions[ri].name == fl.Region && t >= us(fl.At) && t < us(fl.At+fl.For) {
 			m *= fl.Factor
 		}
 	}
@@ -742,7 +742,7 @@ func (r *Run) handle(e *event) error {
 		r.m.served(int(e.a), int(e.b), e.c>>1, e.c&1 == 1, e.t)
 	case evSync:
 		r.sync()
-		r.schedule(event{t: e.t + r.sc.Sync.us(), kind: evSync})
+		r.schedule(event{t: e.t + us(r.sc.Sync), kind: evSync})
 	case evFailoverDown:
 		r.coordUp = false
 	case evFailoverUp:
@@ -759,7 +759,7 @@ func (r *Run) coordNow() int64 { return r.now + r.regions[r.coordIdx].skew }
 // the region it moved to.
 func (r *Run) route(ri int, t int64) int {
 	for _, m := range r.sc.Workload.Moves {
-		if t >= m.At.us() && r.regions[ri].name == m.From {
+		if t >= us(m.At) && r.regions[ri].name == m.From {
 			ri = slices.IndexFunc(r.regions, func(g *regionState) bool { return g.name == m.To })
 		}
 	}
@@ -776,7 +776,7 @@ func (r *Run) cost() int64 {
 }
 
 // inWindow reports whether t is in one of the spells.
-func inSpell(t int64, at, dur Duration) bool { return t >= at.us() && t < (at+dur).us() }
+func inSpell(t int64, at, dur Duration) bool { return t >= us(at) && t < us(at+dur) }
 
 func (r *Run) regionDown(ri int, t int64) bool {
 	for _, f := range r.sc.Faults.RegionLoss {
@@ -1031,8 +1031,8 @@ func (r *Run) link(a, b int) (int64, bool) {
 	if l.Loss > 0 && r.rng.Float64() < l.Loss {
 		return 0, true
 	}
-	d := l.Mean.us()
-	if j := l.Jitter.us(); j > 0 {
+	d := us(l.Mean)
+	if j := us(l.Jitter); j > 0 {
 		d += r.rng.Int64N(2*j+1) - j
 	}
 	return d, false

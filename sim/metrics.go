@@ -67,7 +67,7 @@ type winMetrics struct {
 
 func newMetrics(r *Run) *metrics {
 	n, R := len(r.keys), len(r.regions)
-	m := &metrics{r: r, regions: R, warmup: r.warmup, shift: r.sc.Shift.us(),
+	m := &metrics{r: r, regions: R, warmup: r.warmup, shift: us(r.sc.Shift),
 		k: make([]keyM, n), series: map[int]*keySeries{}}
 	for _, size := range windowSizes {
 		w := &winMetrics{size: size, k: make([]winKey, n), ar: make([]int64, n*R), asr: make([]int64, n*R)}

@@ -15,32 +15,14 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/region"
 )
 
 // Duration is a time.Duration written in YAML as a Go duration string.
-type Duration time.Duration
+type Duration = region.Duration
 
-// UnmarshalYAML implements yaml.Unmarshaler.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	var s string
-	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: want a duration like 250ms, got %q", n.Line, n.Value)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration: %v", n.Line, s, err)
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// MarshalYAML implements yaml.Marshaler.
-func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
-
-// D returns d as a time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
-
-func (d Duration) us() int64 { return int64(time.Duration(d) / time.Microsecond) }
+// us is d in µs.
+func us(d Duration) int64 { return int64(time.Duration(d) / time.Microsecond) }
 
 // Scenario is one simulation set-up: regions and links, keys and budgets,
 // workload, faults, and what to sweep (strategies × intervals × seeds).

@@ -11,24 +11,12 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/meridian-quota/meridian/region"
 )
 
 // Duration is a time.Duration written in YAML as a Go duration string.
-type Duration time.Duration
-
-// UnmarshalYAML implements yaml.Unmarshaler.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	var s string
-	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: want a duration like 5ms, got %q", n.Line, n.Value)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("line %d: %q is not a duration: %v", n.Line, s, err)
-	}
-	*d = Duration(v)
-	return nil
-}
+type Duration = region.Duration
 
 // Config is the agent's one YAML file. DefaultConfig documents each
 // default; LoadConfig reads, defaults and validates it.
