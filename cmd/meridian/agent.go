@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -76,6 +78,19 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				a.RequestReload()
+			}
+		}
+	}()
 	log.Info("agent serving", "region", cfg.Region, "agent", cfg.Agent, "grpc", cfg.GRPC, "http", cfg.HTTP, "policy", policy.Version())
 	return a.Run(ctx, gl, hl)
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +24,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -46,6 +50,27 @@ type Agent struct {
 
 	decisions *prometheus.CounterVec
 	errors    prometheus.Counter
+	reloads   *prometheus.CounterVec
+	denied    prometheus.Counter
+
+	reloadMu sync.Mutex    // serializes Reload
+	tokens   [][]byte      // bearer tokens; none: no authentication
+	reloadCh chan struct{} // RequestReload → the Run loop
+	policyAt fileStamp     // the policy file as last loaded
+}
+
+// fileStamp identifies a version of a file for polling.
+type fileStamp struct {
+	mod  time.Time
+	size int64
+}
+
+func stamp(path string) (fileStamp, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	return fileStamp{fi.ModTime(), fi.Size()}, nil
 }
 
 // work is one request's scratch space, pooled.
@@ -66,7 +91,15 @@ func New(cfg Config, node *region.Node, log *slog.Logger) (*Agent, error) {
 		log = slog.Default()
 	}
 	a := &Agent{cfg: cfg, node: node, log: log, reg: prometheus.NewRegistry(), health: health.NewServer(),
-		now: func() int64 { return time.Now().UnixMicro() }}
+		now: func() int64 { return time.Now().UnixMicro() }, reloadCh: make(chan struct{}, 1)}
+	tokens, err := cfg.Auth.Tokens()
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tokens {
+		a.tokens = append(a.tokens, []byte(t))
+	}
+	a.policyAt, _ = stamp(cfg.Policy)
 	a.pool.New = func() any { return new(work) }
 	a.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meridian_decisions_total", Help: "Requests decided, by protocol and result (ok, over_limit).",
@@ -83,7 +116,15 @@ func New(cfg Config, node *region.Node, log *slog.Logger) (*Agent, error) {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return float64(f(node.Stats())) })
 	}
-	a.reg.MustRegister(a.decisions, a.errors,
+	a.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "meridian_policy_reloads_total", Help: "Policy reloads, by result (ok, rejected).",
+	}, []string{"result"})
+	a.reloads.WithLabelValues("ok")
+	a.reloads.WithLabelValues("rejected")
+	a.denied = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "meridian_unauthenticated_total", Help: "Requests refused for missing or wrong credentials.",
+	})
+	a.reg.MustRegister(a.decisions, a.errors, a.reloads, a.denied,
 		stat("meridian_fallback_open_total", "Requests admitted by failure_mode open while the store failed.", func(s region.Stats) int64 { return s.FallbackOpen }),
 		stat("meridian_fallback_closed_total", "Requests denied by failure_mode closed while the store failed.", func(s region.Stats) int64 { return s.FallbackClosed }),
 		stat("meridian_fallback_local_total", "Requests decided in memory by failure_mode local while the store failed.", func(s region.Stats) int64 { return s.FallbackLocal }),
@@ -94,6 +135,89 @@ func New(cfg Config, node *region.Node, log *slog.Logger) (*Agent, error) {
 	a.ready.Store(true) // the safe share is in force until a table arrives
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	return a, nil
+}
+
+// authorized reports whether an "authorization" value carries one of the
+// configured bearer tokens (always, when none is configured). Comparison
+// takes the same time whatever the token.
+func (a *Agent) authorized(header string) bool {
+	if len(a.tokens) == 0 {
+		return true
+	}
+	got, ok := strings.CutPrefix(header, "Bearer ")
+	if !ok {
+		return false
+	}
+	match := 0
+	for _, t := range a.tokens {
+		match |= subtle.ConstantTimeCompare([]byte(got), t)
+	}
+	return match == 1
+}
+
+// authUnary refuses RLS calls without a valid bearer token; gRPC health
+// stays open for probes.
+func (a *Agent) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if !strings.HasPrefix(info.FullMethod, "/grpc.health.v1.Health/") {
+		md, _ := metadata.FromIncomingContext(ctx)
+		var v string
+		if vs := md.Get("authorization"); len(vs) > 0 {
+			v = vs[0]
+		}
+		if !a.authorized(v) {
+			a.denied.Inc()
+			return nil, status.Error(codes.Unauthenticated, "missing or invalid bearer token")
+		}
+	}
+	return h(ctx, req)
+}
+
+// authHTTP guards an API handler.
+func (a *Agent) authHTTP(h http.HandlerFunc) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		if !a.authorized(r.Header.Get("Authorization")) {
+			a.denied.Inc()
+			rw.Header().Set("WWW-Authenticate", `Bearer realm="meridian"`)
+			http.Error(rw, "missing or invalid bearer token", http.StatusUnauthorized)
+			return
+		}
+		h(rw, r)
+	}
+}
+
+// RequestReload asks the Run loop to reload the policy file (SIGHUP).
+func (a *Agent) RequestReload() {
+	select {
+	case a.reloadCh <- struct{}{}:
+	default: // one is already pending
+	}
+}
+
+// Reload reads the policy file, validates it whole and swaps it in
+// atomically; requests already resolved finish under the old policy. A
+// broken file is rejected with its errors and the old policy stays. Call it
+// on the Run loop's goroutine (RequestReload does).
+func (a *Agent) Reload() error {
+	a.reloadMu.Lock()
+	defer a.reloadMu.Unlock()
+	st, _ := stamp(a.cfg.Policy)
+	data, err := os.ReadFile(a.cfg.Policy)
+	if err == nil {
+		var p *region.Policy
+		if p, err = region.ParsePolicy(data); err == nil {
+			a.policyAt = st
+			if p.Version() != a.node.Policy().Version() {
+				a.node.SetPolicy(p)
+				a.log.Info("policy reloaded", "version", p.Version())
+			}
+			a.reloads.WithLabelValues("ok").Inc()
+			return nil
+		}
+	}
+	a.policyAt = st // do not retry the same broken file every poll
+	a.reloads.WithLabelValues("rejected").Inc()
+	a.log.Error("policy reload rejected; the old policy stays", "file", a.cfg.Policy, "err", err)
+	return err
 }
 
 // Registry returns the agent's metrics registry.
@@ -339,7 +463,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // /metrics.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/decide", a.handleDecide)
+	mux.HandleFunc("/v1/decide", a.authHTTP(a.handleDecide))
 	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
 		if !a.ready.Load() {
@@ -365,7 +489,7 @@ func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	errc := make(chan error, 2)
 	var gs *grpc.Server
 	if grpcLis != nil {
-		gs = grpc.NewServer()
+		gs = grpc.NewServer(grpc.UnaryInterceptor(a.authUnary))
 		a.RegisterGRPC(gs)
 		go func() { errc <- gs.Serve(grpcLis) }()
 	}
@@ -382,6 +506,12 @@ func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
+	var poll <-chan time.Time
+	if every := time.Duration(a.cfg.ReloadEvery); every > 0 {
+		pt := time.NewTicker(every)
+		defer pt.Stop()
+		poll = pt.C
+	}
 	var err error
 loop:
 	for {
@@ -391,6 +521,12 @@ loop:
 		case err = <-errc:
 			if err != nil {
 				break loop
+			}
+		case <-a.reloadCh:
+			_ = a.Reload()
+		case <-poll:
+			if st, err := stamp(a.cfg.Policy); err == nil && st != a.policyAt {
+				_ = a.Reload()
 			}
 		case <-tick.C:
 			if rep := a.node.Tick(a.now()); rep != nil {

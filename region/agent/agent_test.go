@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -49,6 +54,13 @@ domains:
 // HTTP server's URL.
 func start(t *testing.T) (*Agent, rlsv3.RateLimitServiceClient, string) {
 	t.Helper()
+	return startWith(t, nil)
+}
+
+// startWith is start with a hook to change the agent's config; the policy
+// is written to a file the config names.
+func startWith(t *testing.T, edit func(*Config)) (*Agent, rlsv3.RateLimitServiceClient, string) {
+	t.Helper()
 	c := testenv.Redis(t)
 	prefix := testenv.Prefix(t)
 	t.Cleanup(func() { testenv.Cleanup(t, c, prefix) })
@@ -67,7 +79,15 @@ func start(t *testing.T) (*Agent, rlsv3.RateLimitServiceClient, string) {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
-	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy = "eu", "eu-1", []string{"eu"}, "inline"
+	cfg.Region, cfg.Agent, cfg.Regions = "eu", "eu-1", []string{"eu"}
+	cfg.Policy = filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(cfg.Policy, []byte(testPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ReloadEvery = 0 // the tests reload explicitly
+	if edit != nil {
+		edit(&cfg)
+	}
 	a, err := New(cfg, node, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -279,5 +299,120 @@ func TestConfigErrors(t *testing.T) {
 	c, err := ParseConfig([]byte("region: eu\nagent: eu-1\nregions: [eu, us]\npolicy: p.yaml\n"))
 	if err != nil || c.GRPC != DefaultConfig().GRPC || time.Duration(c.Redis.Timeout) != 5*time.Millisecond {
 		t.Errorf("defaults: %+v %v", c, err)
+	}
+}
+
+func TestAuthOnBothProtocols(t *testing.T) {
+	const token = "s3cret-token-0123456789"
+	t.Setenv("MERIDIAN_TEST_TOKENS", "other-token-abcdefghij,"+token)
+	a, cl, url := startWith(t, func(c *Config) { c.Auth.TokensEnv = "MERIDIAN_TEST_TOKENS" })
+	giveAll(t, a, region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}}))
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", "acme")}}
+	for _, md := range []string{"", "Bearer wrong-token-0123456789", token} {
+		ctx := context.Background()
+		if md != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", md)
+		}
+		if _, err := cl.ShouldRateLimit(ctx, req); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("RLS with %q: %v, want Unauthenticated", md, err)
+		}
+	}
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token)
+	if resp, err := cl.ShouldRateLimit(ctx, req); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Errorf("RLS with the token: %v %v", resp, err)
+	}
+	body := `{"domain": "api", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}]}`
+	for _, tt := range []struct {
+		header string
+		want   int
+	}{{"", 401}, {"Bearer nope-nope-nope-nope-nope", 401}, {"Bearer " + token, 200}} {
+		r, _ := http.NewRequest(http.MethodPost, url+"/v1/decide", strings.NewReader(body))
+		if tt.header != "" {
+			r.Header.Set("Authorization", tt.header)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tt.want {
+			t.Errorf("HTTP with %q: %d, want %d", tt.header, resp.StatusCode, tt.want)
+		}
+	}
+	if resp, err := http.Get(url + "/healthz"); err != nil || resp.StatusCode != 200 {
+		t.Errorf("/healthz must stay open: %v %v", resp, err)
+	}
+	if _, err := New(Config{}, a.node, nil); err == nil {
+		t.Error("an invalid config was accepted")
+	}
+	t.Setenv("MERIDIAN_SHORT", "short")
+	cfg := a.cfg
+	cfg.Auth = AuthConfig{TokensEnv: "MERIDIAN_SHORT"}
+	if _, err := New(cfg, a.node, nil); err == nil || strings.Contains(err.Error(), "short\"") {
+		t.Errorf("short token: %v (must be refused without showing it)", err)
+	}
+}
+
+// Reloads under concurrent load: every answer comes from one whole policy
+// (5/s or 7/s), a broken file is rejected and the old policy stays.
+func TestHotReloadUnderLoad(t *testing.T) {
+	a, cl, _ := start(t)
+	pol := func(rate int) string {
+		return strings.Replace(testPolicy, "requests_per_unit: 5, burst: 3", fmt.Sprintf("requests_per_unit: %d, burst: 3", rate), 1)
+	}
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	seen := map[uint32]int{}
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", fmt.Sprintf("t%d", g))}}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := cl.ShouldRateLimit(context.Background(), req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n := resp.Statuses[0].CurrentLimit.GetRequestsPerUnit()
+				mu.Lock()
+				seen[n]++
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range 20 {
+		rate := 5 + 2*(i%2)
+		if err := os.WriteFile(a.cfg.Policy, []byte(pol(rate)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		a.RequestReload()
+		time.Sleep(10 * time.Millisecond)
+	}
+	before := a.node.Policy().Version()
+	if err := os.WriteFile(a.cfg.Policy, []byte("domains: [{domain: api, descriptors: [{key: tenant, rate_limit: {unit: fortnight}}]}]"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload(); err == nil {
+		t.Error("a broken policy was accepted")
+	}
+	close(stop)
+	wg.Wait()
+	if a.node.Policy().Version() != before {
+		t.Error("the broken file replaced the policy")
+	}
+	for n := range seen {
+		if n != 5 && n != 7 {
+			t.Errorf("a response carried %d/s: from neither whole policy (seen %v)", n, seen)
+		}
+	}
+	if seen[5] == 0 || seen[7] == 0 {
+		t.Errorf("both policies should have answered under load: %v", seen)
 	}
 }

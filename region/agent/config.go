@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -37,6 +38,22 @@ type Config struct {
 	Interval Duration `yaml:"interval"`
 	// Agents is the number of agents configured in the region.
 	Agents int `yaml:"agents"`
+	// Auth guards the decision APIs (RLS and /v1/*); health probes stay
+	// open.
+	Auth AuthConfig `yaml:"auth"`
+	// ReloadEvery is how often the policy file is checked for changes
+	// (SIGHUP reloads at once); 0 turns polling off.
+	ReloadEvery Duration `yaml:"reload_every"`
+}
+
+// AuthConfig lists the bearer tokens callers must present
+// ("authorization: Bearer <token>" on gRPC metadata and HTTP). Tokens are
+// read from a file (one per line, # comments) and/or an environment
+// variable (comma-separated), never from this file, and never logged. No
+// tokens: no authentication.
+type AuthConfig struct {
+	TokensFile string `yaml:"tokens_file"`
+	TokensEnv  string `yaml:"tokens_env"`
 }
 
 // RedisConfig is the region's Redis.
@@ -78,6 +95,9 @@ func LoadConfig(path string) (*Config, error) {
 	}
 	if c.Policy != "" && !filepath.IsAbs(c.Policy) {
 		c.Policy = filepath.Join(filepath.Dir(path), c.Policy)
+	}
+	if f := c.Auth.TokensFile; f != "" && !filepath.IsAbs(f) {
+		c.Auth.TokensFile = filepath.Join(filepath.Dir(path), f)
 	}
 	return c, nil
 }
@@ -132,8 +152,54 @@ func (c *Config) Validate() error {
 	if c.Agents < 1 {
 		bad("agents", "%d: must be at least 1", c.Agents)
 	}
+	if c.ReloadEvery < 0 {
+		bad("reload_every", "%s: must not be negative", time.Duration(c.ReloadEvery))
+	}
 	if len(errs) == 0 {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}
+
+// Tokens reads the configured bearer tokens: the file's non-empty,
+// non-comment lines and the environment variable's comma-separated values.
+// An empty result means no authentication. A configured file or variable
+// that yields no token is an error (a typo must not turn auth off).
+func (a AuthConfig) Tokens() ([]string, error) {
+	var out []string
+	if a.TokensFile != "" {
+		data, err := os.ReadFile(a.TokensFile)
+		if err != nil {
+			return nil, fmt.Errorf("auth.tokens_file: %w", err)
+		}
+		n := 0
+		for _, line := range strings.Split(string(data), "\n") {
+			line = strings.TrimSpace(line)
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			out = append(out, line)
+			n++
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("auth.tokens_file %s: no tokens in it", a.TokensFile)
+		}
+	}
+	if a.TokensEnv != "" {
+		v, ok := os.LookupEnv(a.TokensEnv)
+		if !ok || strings.TrimSpace(v) == "" {
+			return nil, fmt.Errorf("auth.tokens_env: $%s is not set", a.TokensEnv)
+		}
+		for _, t := range strings.Split(v, ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				out = append(out, t)
+			}
+		}
+	}
+	for _, t := range out {
+		if len(t) < 16 {
+			return nil, errors.New("auth: a token shorter than 16 characters (tokens are not shown)")
+		}
+	}
+	return out, nil
 }
