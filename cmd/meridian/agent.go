@@ -55,15 +55,19 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	br, err := agent.NewBreaker(cfg.Breaker, store)
+	if err != nil {
+		return err
+	}
 	ncfg := region.DefaultConfig(cfg.Region, cfg.Agent, cfg.Regions...)
 	ncfg.Interval = time.Duration(cfg.Interval)
 	ncfg.Agents = cfg.Agents
-	node, err := region.NewNode(ncfg, policy, store)
+	node, err := region.NewNode(ncfg, policy, br)
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	a, err := agent.New(*cfg, node, log)
+	a, err := agent.New(*cfg, node, log, br.Collectors()...)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,6 +52,28 @@ type Server struct {
 	Port int
 
 	client *redis.Client
+	proc   *process
+	paused atomic.Bool
+}
+
+// Pause stops the server process (SIGSTOP): it keeps its connections but
+// answers nothing, as a hung Redis does, until Resume. The test's cleanup
+// resumes a paused server before shutting it down.
+func (s *Server) Pause() error {
+	if s.proc == nil {
+		return errors.New("testenv: Pause: not a process this package started")
+	}
+	s.paused.Store(true)
+	return s.proc.cmd.Process.Signal(syscall.SIGSTOP)
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() error {
+	if s.proc == nil {
+		return errors.New("testenv: Resume: not a process this package started")
+	}
+	s.paused.Store(false)
+	return s.proc.cmd.Process.Signal(syscall.SIGCONT)
 }
 
 // Client returns a client of the server. Every call returns the same client,
@@ -229,11 +253,15 @@ func tryStart(t testing.TB, bin string, port int, extra []string) (*Server, erro
 		p.kill()
 		return nil, fmt.Errorf("%s: %w\n--- %s ---\n%s", addr, err, logPath, tail(logPath, 2048))
 	}
+	srv := &Server{Addr: addr, Port: port, client: c, proc: p}
 	t.Cleanup(func() {
+		if srv.paused.Load() {
+			_ = srv.Resume()
+		}
 		_ = c.Close()
 		p.shutdown(addr)
 	})
-	return &Server{Addr: addr, Port: port, client: c}, nil
+	return srv, nil
 }
 
 // process is a started redis-server and the outcome of waiting for it.

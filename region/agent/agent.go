@@ -82,8 +82,8 @@ type work struct {
 }
 
 // New returns an agent for node, with its own metrics registry (served on
-// /metrics).
-func New(cfg Config, node *region.Node, log *slog.Logger) (*Agent, error) {
+// /metrics) holding the agent's series and extra (a Breaker's, say).
+func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Collector) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -132,6 +132,7 @@ func New(cfg Config, node *region.Node, log *slog.Logger) (*Agent, error) {
 		stat("meridian_store_errors_total", "Store calls that failed.", func(s region.Stats) int64 { return s.StoreErrors }),
 		stat("meridian_untracked_keys_total", "Checks on keys beyond the tracked-key cap (decided, not reported).", func(s region.Stats) int64 { return s.Overflow }),
 	)
+	a.reg.MustRegister(extra...)
 	a.ready.Store(true) // the safe share is in force until a table arrives
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	return a, nil
@@ -513,6 +514,7 @@ func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 		poll = pt.C
 	}
 	var err error
+	last, lastLog := a.node.Stats(), time.Now()
 loop:
 	for {
 		select {
@@ -529,6 +531,16 @@ loop:
 				_ = a.Reload()
 			}
 		case <-tick.C:
+			if now := time.Now(); now.Sub(lastLog) >= time.Second {
+				// Fallback decisions are logged at most once a second.
+				s := a.node.Stats()
+				if d := (s.FallbackOpen + s.FallbackClosed + s.FallbackLocal) - (last.FallbackOpen + last.FallbackClosed + last.FallbackLocal); d > 0 {
+					a.log.Warn("store failing: failure modes deciding", "fallback_decisions", d,
+						"open", s.FallbackOpen-last.FallbackOpen, "closed", s.FallbackClosed-last.FallbackClosed,
+						"local", s.FallbackLocal-last.FallbackLocal, "store_errors", s.StoreErrors-last.StoreErrors)
+				}
+				last, lastLog = s, now
+			}
 			if rep := a.node.Tick(a.now()); rep != nil {
 				a.log.Debug("demand report", "interval", rep.Interval, "keys", len(rep.Keys))
 			}

@@ -41,6 +41,8 @@ type Config struct {
 	// Auth guards the decision APIs (RLS and /v1/*); health probes stay
 	// open.
 	Auth AuthConfig `yaml:"auth"`
+	// Breaker guards the store: see BreakerConfig.
+	Breaker BreakerConfig `yaml:"breaker"`
 	// ReloadEvery is how often the policy file is checked for changes
 	// (SIGHUP reloads at once); 0 turns polling off.
 	ReloadEvery Duration `yaml:"reload_every"`
@@ -70,6 +72,11 @@ func DefaultConfig() Config {
 		HTTP:     "127.0.0.1:8080",          // JSON API, health, metrics
 		Interval: Duration(5 * time.Second), // the coordinator's default Δ
 		Agents:   1,                         // one agent per region unless told
+		// A changed policy file is picked up within a second.
+		ReloadEvery: Duration(time.Second),
+		// A few failures in a row, not one blip, open the breaker; while
+		// open it probes Redis again every second.
+		Breaker: BreakerConfig{Failures: 5, Cooldown: Duration(time.Second)},
 		Redis: RedisConfig{
 			Addr:    "127.0.0.1:6379",
 			Prefix:  "meridian:",
@@ -151,6 +158,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Agents < 1 {
 		bad("agents", "%d: must be at least 1", c.Agents)
+	}
+	if c.Breaker.Failures < 1 {
+		bad("breaker.failures", "%d: must be at least 1", c.Breaker.Failures)
+	}
+	if c.Breaker.Cooldown <= 0 {
+		bad("breaker.cooldown", "%s: must be positive", c.Breaker.Cooldown.D())
 	}
 	if c.ReloadEvery < 0 {
 		bad("reload_every", "%s: must not be negative", time.Duration(c.ReloadEvery))

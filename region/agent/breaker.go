@@ -1,0 +1,140 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/region"
+)
+
+// BreakerConfig configures the circuit breaker in front of the store.
+type BreakerConfig struct {
+	// Failures is how many store errors in a row open the breaker.
+	Failures int `yaml:"failures"`
+	// Cooldown is how long it stays open before one call probes the store.
+	Cooldown Duration `yaml:"cooldown"`
+}
+
+// ErrBreakerOpen is what the store returns while the breaker is open: the
+// node's failure modes decide, without waiting on a store that is down.
+var ErrBreakerOpen = errors.New("agent: circuit breaker open: the store is failing")
+
+// Breaker is a region.Store in front of another: after Failures errors in
+// a row it opens and fails every call at once for Cooldown, then lets one
+// call through (half-open): success closes it, failure opens it again. Safe
+// for concurrent use.
+type Breaker struct {
+	store    region.Store
+	failures int
+	cooldown time.Duration
+	now      func() time.Time
+
+	mu       sync.Mutex
+	fails    int
+	open     bool
+	openedAt time.Time
+	probing  bool
+
+	state  prometheus.Gauge
+	opens  prometheus.Counter
+	shorts prometheus.Counter
+}
+
+// NewBreaker wraps store.
+func NewBreaker(cfg BreakerConfig, store region.Store) (*Breaker, error) {
+	if cfg.Failures < 1 || cfg.Cooldown <= 0 {
+		return nil, fmt.Errorf("%w: breaker: failures %d must be ≥ 1 and cooldown %s positive", ErrConfig, cfg.Failures, cfg.Cooldown.D())
+	}
+	return &Breaker{store: store, failures: cfg.Failures, cooldown: cfg.Cooldown.D(), now: time.Now,
+		state: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_breaker_open",
+			Help: "1 while the circuit breaker in front of Redis is open (failure modes decide)."}),
+		opens: prometheus.NewCounter(prometheus.CounterOpts{Name: "meridian_breaker_opens_total",
+			Help: "Times the circuit breaker opened."}),
+		shorts: prometheus.NewCounter(prometheus.CounterOpts{Name: "meridian_breaker_rejected_total",
+			Help: "Store calls refused at once while the breaker was open."}),
+	}, nil
+}
+
+// Collectors returns the breaker's metrics.
+func (b *Breaker) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{b.state, b.opens, b.shorts}
+}
+
+// Open reports whether the breaker is open.
+func (b *Breaker) Open() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.open
+}
+
+// allow reports whether a call may go to the store now.
+func (b *Breaker) allow() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open {
+		return true
+	}
+	if b.probing || b.now().Sub(b.openedAt) < b.cooldown {
+		b.shorts.Inc()
+		return false
+	}
+	b.probing = true // half-open: this call probes
+	return true
+}
+
+// done records a call's outcome.
+func (b *Breaker) done(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err == nil {
+		b.fails, b.probing = 0, false
+		if b.open {
+			b.open = false
+			b.state.Set(0)
+		}
+		return
+	}
+	b.fails++
+	if b.probing || (!b.open && b.fails >= b.failures) {
+		if !b.open {
+			b.opens.Inc()
+		}
+		b.open, b.probing, b.openedAt = true, false, b.now()
+		b.state.Set(1)
+	}
+}
+
+// DecideAll implements region.Store.
+func (b *Breaker) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra.Result) (gcra.Result, error) {
+	if !b.allow() {
+		return gcra.Result{}, ErrBreakerOpen
+	}
+	r, err := b.store.DecideAll(ctx, checks, out)
+	b.done(err)
+	return r, err
+}
+
+// Reserve implements region.Reserver when the wrapped store does.
+func (b *Breaker) Reserve(ctx context.Context, k gcra.Key, s gcra.Schedule, cost int64, maxWait time.Duration) (gcra.Result, error) {
+	rs, ok := b.store.(region.Reserver)
+	if !ok {
+		return gcra.Result{}, region.ErrNoReserve
+	}
+	if !b.allow() {
+		return gcra.Result{}, ErrBreakerOpen
+	}
+	r, err := rs.Reserve(ctx, k, s, cost, maxWait)
+	b.done(err)
+	return r, err
+}
+
+var (
+	_ region.Store    = (*Breaker)(nil)
+	_ region.Reserver = (*Breaker)(nil)
+)

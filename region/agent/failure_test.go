@@ -1,0 +1,158 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/meridian-quota/meridian/gcra/redisstore"
+	"github.com/meridian-quota/meridian/internal/testenv"
+	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/region"
+)
+
+const failurePolicy = `
+domains:
+  - domain: f
+    descriptors:
+      - key: closed
+        rate_limit: {unit: hour, requests_per_unit: 100, burst: 10, failure_mode: closed}
+      - key: open
+        rate_limit: {unit: hour, requests_per_unit: 100, burst: 10, failure_mode: open}
+      - key: local
+        rate_limit: {unit: hour, requests_per_unit: 100, burst: 10, failure_mode: local}
+`
+
+// TestRedisFailureModesAndBreaker pauses a private redis-server (SIGSTOP):
+// every limit's failure mode decides within the timeout, the breaker opens
+// and then fails calls at once, and once Redis is back a probe closes it;
+// the counts show on /metrics.
+func TestRedisFailureModesAndBreaker(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	scfg := redisstore.DefaultConfig()
+	scfg.Timeout = 30 * time.Millisecond
+	store, err := redisstore.New(c, scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := NewBreaker(BreakerConfig{Failures: 3, Cooldown: Duration(200 * time.Millisecond)}, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := region.ParsePolicy([]byte(failurePolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := region.NewNode(region.DefaultConfig("eu", "eu-1", "eu"), pol, br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixMicro()
+	tb := &rebalance.Table{Term: 1, Epoch: 1, Issued: now, Effective: now - 3600e6, Regions: []string{"eu"},
+		Leases: []int64{now + 600e6}, Agents: [][]string{{"eu-1"}}}
+	for _, k := range []string{"closed", "local", "open"} {
+		tb.Keys = append(tb.Keys, rebalance.KeyShares{Key: region.KeyName("f", []region.Entry{{Key: k, Value: "x"}}),
+			Budget: pol.Rules()[0].Limit, Shares: []uint32{rebalance.PPM}, Version: 1})
+	}
+	if err := node.Apply(tb, now); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy, cfg.ReloadEvery = "eu", "eu-1", []string{"eu"}, "unused", 0
+	a, err := New(cfg, node, nil, br.Collectors()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, lis, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	cl := rlsv3.NewRateLimitServiceClient(conn)
+	decide := func(mode string) rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		resp, err := cl.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "f",
+			Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, mode, "x")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.OverallCode
+	}
+	for _, m := range []string{"closed", "open", "local"} {
+		if got := decide(m); got != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("%s with Redis up: %v", m, got)
+		}
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]rlsv3.RateLimitResponse_Code{"closed": rlsv3.RateLimitResponse_OVER_LIMIT,
+		"open": rlsv3.RateLimitResponse_OK, "local": rlsv3.RateLimitResponse_OK}
+	for range 3 { // the third failure in a row opens the breaker
+		for _, m := range []string{"closed", "open", "local"} {
+			start := time.Now()
+			if got := decide(m); got != want[m] {
+				t.Errorf("%s with Redis paused: %v, want %v", m, got, want[m])
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("%s took %v with Redis paused: the timeout did not hold", m, d)
+			}
+		}
+	}
+	if !br.Open() {
+		t.Fatal("breaker still closed after 9 failures")
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for br.Open() && time.Now().Before(deadline) {
+		decide("open")
+		time.Sleep(20 * time.Millisecond) // poll: the cooldown must pass before a probe
+	}
+	if br.Open() {
+		t.Fatal("breaker did not close once Redis was back")
+	}
+	if got := decide("closed"); got != rlsv3.RateLimitResponse_OK {
+		t.Errorf("closed after recovery: %v", got)
+	}
+	hs := httptest.NewServer(a.Handler())
+	defer hs.Close()
+	resp, err := http.Get(hs.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	for _, line := range []string{"meridian_fallback_closed_total", "meridian_fallback_open_total", "meridian_fallback_local_total",
+		"meridian_breaker_opens_total 1", "meridian_breaker_rejected_total", "meridian_breaker_open 0"} {
+		if !strings.Contains(b.String(), line) {
+			t.Errorf("/metrics lacks %q", line)
+		}
+	}
+	if s := node.Stats(); s.FallbackClosed < 3 || s.FallbackOpen < 3 || s.FallbackLocal < 3 {
+		t.Errorf("fallback counts %+v, want at least 3 of each mode", s)
+	}
+}
