@@ -258,6 +258,9 @@ func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest)
 	for i := range in.Descriptors {
 		out.Statuses = append(out.Statuses, rlsStatus(w.d.MatchOf(i)))
 	}
+	if a.cfg.ResponseHeaders {
+		out.ResponseHeadersToAdd = rateLimitHeaders(&w.d)
+	}
 	a.count("rls", w.d.Allowed)
 	return out, nil
 }

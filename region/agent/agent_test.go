@@ -416,3 +416,33 @@ func TestHotReloadUnderLoad(t *testing.T) {
 		t.Errorf("both policies should have answered under load: %v", seen)
 	}
 }
+
+func TestRLSResponseHeaders(t *testing.T) {
+	a, cl, _ := startWith(t, func(c *Config) { c.ResponseHeaders = true })
+	giveAll(t, a, region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}}))
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", "acme")}}
+	hdr := func(resp *rlsv3.RateLimitResponse) map[string]string {
+		m := map[string]string{}
+		for _, h := range resp.ResponseHeadersToAdd {
+			m[h.Key] = h.Value
+		}
+		return m
+	}
+	var resp *rlsv3.RateLimitResponse
+	var err error
+	for range 4 {
+		if resp, err = cl.ShouldRateLimit(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+			h := hdr(resp)
+			if !strings.HasPrefix(h["RateLimit-Policy"], `"domains[0].descriptors[0]";q=5;w=1`) || !strings.Contains(h["RateLimit"], ";r=") || h["Retry-After"] != "" {
+				t.Errorf("allowed: headers %v", h)
+			}
+		}
+	}
+	h := hdr(resp)
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || h["Retry-After"] != "1" || !strings.HasSuffix(h["RateLimit"], ";r=0;t=1") {
+		t.Errorf("over: %v headers %v, want Retry-After 1 and r=0;t=1", resp.OverallCode, h)
+	}
+}

@@ -41,6 +41,9 @@ type Config struct {
 	// Auth guards the decision APIs (RLS and /v1/*); health probes stay
 	// open.
 	Auth AuthConfig `yaml:"auth"`
+	// ResponseHeaders adds RateLimit-Policy, RateLimit (HeadersDraft) and,
+	// when over, Retry-After to RLS responses for Envoy to pass on.
+	ResponseHeaders bool `yaml:"response_headers"`
 	// Breaker guards the store: see BreakerConfig.
 	Breaker BreakerConfig `yaml:"breaker"`
 	// ReloadEvery is how often the policy file is checked for changes
