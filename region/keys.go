@@ -1,7 +1,11 @@
 package region
 
 import (
+	"errors"
+	"fmt"
 	"hash/maphash"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -148,4 +152,56 @@ func appendKeyName(b []byte, domain string, entries []Entry) []byte {
 		b = appendEscaped(b, e.Value)
 	}
 	return b
+}
+
+// ParseKeyName is the inverse of KeyName: the domain and entries a
+// canonical key name was made from. A name KeyName cannot produce is an
+// error.
+func ParseKeyName(name string) (domain string, entries []Entry, err error) {
+	parts := strings.Split(name, "/")
+	if domain, err = unescape(parts[0]); err != nil || domain == "" {
+		return "", nil, fmt.Errorf("region: key name %q: bad domain", name)
+	}
+	if len(parts) == 1 {
+		return "", nil, fmt.Errorf("region: key name %q: no entries", name)
+	}
+	for _, p := range parts[1:] {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok {
+			return "", nil, fmt.Errorf("region: key name %q: entry %q lacks '='", name, p)
+		}
+		ek, err1 := unescape(k)
+		ev, err2 := unescape(v)
+		if err1 != nil || err2 != nil || ek == "" {
+			return "", nil, fmt.Errorf("region: key name %q: bad entry %q", name, p)
+		}
+		entries = append(entries, Entry{Key: ek, Value: ev})
+	}
+	if KeyName(domain, entries) != name {
+		return "", nil, fmt.Errorf("region: key name %q is not canonical", name)
+	}
+	return domain, entries, nil
+}
+
+func unescape(s string) (string, error) {
+	if !strings.Contains(s, "%") {
+		return s, nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", errors.New("truncated escape")
+		}
+		v, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+		if err != nil {
+			return "", err
+		}
+		b.WriteByte(byte(v))
+		i += 2
+	}
+	return b.String(), nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -685,4 +686,26 @@ func TestNodeReserveWithinLease(t *testing.T) {
 			t.Errorf("unlimited reserve: allowed %v err %v", d.Allowed, err)
 		}
 	})
+}
+
+func TestKeyNameRoundTrip(t *testing.T) {
+	for _, tt := range []struct {
+		domain  string
+		entries []Entry
+	}{
+		{"api", []Entry{{"tenant", "acme"}}},
+		{"a/b", []Entry{{"k=1", "v/2%"}, {"route", "/search?q=x"}}},
+		{"d", []Entry{{"k", ""}, {"c", "\x00\x7f"}}},
+	} {
+		name := KeyName(tt.domain, tt.entries)
+		d, e, err := ParseKeyName(name)
+		if err != nil || d != tt.domain || !slices.Equal(e, tt.entries) {
+			t.Errorf("%q: got %q %v %v", name, d, e, err)
+		}
+	}
+	for _, bad := range []string{"", "api", "api/tenant", "api/=x", "api/k=%zz", "api/k=%4", "API/k=%61"} {
+		if _, _, err := ParseKeyName(bad); err == nil {
+			t.Errorf("ParseKeyName(%q) accepted", bad)
+		}
+	}
 }

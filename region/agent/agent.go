@@ -397,6 +397,23 @@ type DescriptorOut struct {
 	Shadow       bool    `json:"shadow,omitempty"`
 }
 
+// rls is the same request as RLS would carry, so both protocols decide
+// alike.
+func (in *DecideRequest) rls() *rlsv3.RateLimitRequest {
+	out := &rlsv3.RateLimitRequest{Domain: in.Domain, HitsAddend: in.HitsAddend}
+	for _, d := range in.Descriptors {
+		rd := &commonv3.RateLimitDescriptor{}
+		for _, e := range d.Entries {
+			rd.Entries = append(rd.Entries, &commonv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
+		}
+		if d.HitsAddend != nil {
+			rd.HitsAddend = wrapperspb.UInt64(*d.HitsAddend)
+		}
+		out.Descriptors = append(out.Descriptors, rd)
+	}
+	return out
+}
+
 // maxBody bounds a JSON request body.
 const maxBody = 1 << 20
 
@@ -413,21 +430,9 @@ func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, "decide: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	// The same mapping as RLS, so both protocols decide alike.
-	rls := &rlsv3.RateLimitRequest{Domain: in.Domain, HitsAddend: in.HitsAddend}
-	for _, d := range in.Descriptors {
-		rd := &commonv3.RateLimitDescriptor{}
-		for _, e := range d.Entries {
-			rd.Entries = append(rd.Entries, &commonv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
-		}
-		if d.HitsAddend != nil {
-			rd.HitsAddend = wrapperspb.UInt64(*d.HitsAddend)
-		}
-		rls.Descriptors = append(rls.Descriptors, rd)
-	}
 	w := a.pool.Get().(*work)
 	defer a.pool.Put(w)
-	if err := a.fromRLS(rls, w); err != nil {
+	if err := a.fromRLS(in.rls(), w); err != nil {
 		a.errors.Inc()
 		http.Error(rw, "decide: "+err.Error(), http.StatusBadRequest)
 		return
@@ -463,11 +468,14 @@ func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// Handler returns the HTTP API: POST /v1/decide, /healthz, /readyz,
-// /metrics.
+// Handler returns the HTTP API: POST /v1/decide and /v1/reserve, GET
+// /v1/table and /v1/keys/{key} (admin views), /healthz, /readyz, /metrics.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/decide", a.authHTTP(a.handleDecide))
+	mux.HandleFunc("/v1/reserve", a.authHTTP(a.handleReserve))
+	mux.HandleFunc("GET /v1/table", a.authHTTP(a.handleTable))
+	mux.HandleFunc("GET /v1/keys/", a.authHTTP(a.handleKey))
 	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
 		if !a.ready.Load() {

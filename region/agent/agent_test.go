@@ -446,3 +446,71 @@ func TestRLSResponseHeaders(t *testing.T) {
 		t.Errorf("over: %v headers %v, want Retry-After 1 and r=0;t=1", resp.OverallCode, h)
 	}
 }
+
+func getJSON(t *testing.T, url string, v any) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return resp.StatusCode
+}
+
+func TestReserveAndAdminViews(t *testing.T) {
+	a, _, url := start(t)
+	key := region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}})
+	giveAll(t, a, key)
+	post := func(body string) (int, ReserveResponse) {
+		resp, err := http.Post(url+"/v1/reserve", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out ReserveResponse
+		if resp.StatusCode == 200 {
+			_ = json.NewDecoder(resp.Body).Decode(&out)
+		}
+		return resp.StatusCode, out
+	}
+	one := `{"domain": "api", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}], "max_wait_ms": 1000}`
+	// 5/s burst 3: three at once, then slots 200 ms apart.
+	for i := range 5 {
+		code, out := post(one)
+		if code != 200 || !out.Booked {
+			t.Fatalf("reserve %d: %d %+v", i, code, out)
+		}
+		if i == 4 && (out.WaitMs < 300 || out.WaitMs > 400) {
+			t.Errorf("fifth reservation waits %.1f ms, want about 400", out.WaitMs)
+		}
+	}
+	if code, out := post(strings.Replace(one, "1000", "50", 1)); code != 200 || out.Booked || out.RetryAfterMs <= 50 {
+		t.Errorf("beyond max_wait: %d %+v, want refused with a retry-after", code, out)
+	}
+	two := `{"domain": "api", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}, {"entries": [{"key": "tenant", "value": "acme"}, {"key": "route", "value": "/search"}]}], "max_wait_ms": 10}`
+	if code, _ := post(two); code != http.StatusUnprocessableEntity {
+		t.Errorf("composite reserve: %d, want 422", code)
+	}
+	if code, _ := post(strings.Replace(one, "1000", "-1", 1)); code != 400 {
+		t.Errorf("negative max_wait: %d, want 400", code)
+	}
+	var tv TableView
+	if code := getJSON(t, url+"/v1/table", &tv); code != 200 || !tv.HasTable || tv.Term != 1 || tv.Keys != 1 || tv.LeaseLeftMs <= 0 || tv.InForceEpoch != 1 {
+		t.Errorf("table view: %d %+v", code, tv)
+	}
+	var kv KeyView
+	if code := getJSON(t, url+"/v1/keys/"+key, &kv); code != 200 || kv.Share != 1 || kv.Remaining != 0 || kv.NextAdmissionMs <= 0 {
+		t.Errorf("key view: %d %+v", code, kv)
+	}
+	if code := getJSON(t, url+"/v1/keys/api/colour=red", &kv); code != http.StatusNotFound {
+		t.Errorf("key with no limit: %d, want 404", code)
+	}
+	if code := getJSON(t, url+"/v1/keys/api", &kv); code != http.StatusBadRequest {
+		t.Errorf("malformed key: %d, want 400", code)
+	}
+}

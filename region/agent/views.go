@@ -1,0 +1,159 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/region"
+)
+
+// ReserveRequest is the body of POST /v1/reserve: a decision that books
+// the next slot when it is at most MaxWaitMs away (seed 000), one limit at
+// a time.
+type ReserveRequest struct {
+	DecideRequest
+	MaxWaitMs float64 `json:"max_wait_ms"`
+}
+
+// ReserveResponse says whether a slot was booked and how long to wait for
+// it; when refused, how long until one could be.
+type ReserveResponse struct {
+	Booked       bool    `json:"booked"`
+	WaitMs       float64 `json:"wait_ms"`
+	RetryAfterMs float64 `json:"retry_after_ms,omitempty"`
+}
+
+// maxReserveWait caps max_wait_ms (gcra's window cap is far beyond any
+// sensible wait).
+const maxReserveWait = time.Hour
+
+func (a *Agent) handleReserve(rw http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(rw, "POST only", http.StatusMethodNotAllowed)
+		return
+	}
+	var in ReserveRequest
+	dec := json.NewDecoder(http.MaxBytesReader(rw, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		a.badHTTP(rw, "reserve: "+err.Error())
+		return
+	}
+	wait := time.Duration(in.MaxWaitMs * float64(time.Millisecond))
+	if in.MaxWaitMs < 0 || wait > maxReserveWait {
+		a.badHTTP(rw, "reserve: max_wait_ms must be in [0, 3600000]")
+		return
+	}
+	w := a.pool.Get().(*work)
+	defer a.pool.Put(w)
+	if err := a.fromRLS(in.DecideRequest.rls(), w); err != nil {
+		a.badHTTP(rw, "reserve: "+err.Error())
+		return
+	}
+	err := a.node.Reserve(r.Context(), a.now(), &w.req, wait, &w.d)
+	switch {
+	case errors.Is(err, region.ErrNoReserve):
+		http.Error(rw, "reserve: "+err.Error(), http.StatusUnprocessableEntity)
+		return
+	case err != nil:
+		a.badHTTP(rw, "reserve: "+err.Error())
+		return
+	}
+	out := ReserveResponse{Booked: w.d.Allowed, WaitMs: ms(w.d.Result.Wait)}
+	if !w.d.Allowed && w.d.Result.RetryAfter != gcra.Never {
+		out.RetryAfterMs = ms(w.d.Result.RetryAfter)
+	}
+	a.count("http", w.d.Allowed)
+	writeJSON(rw, out)
+}
+
+func (a *Agent) badHTTP(rw http.ResponseWriter, msg string) {
+	a.errors.Inc()
+	http.Error(rw, msg, http.StatusBadRequest)
+}
+
+func writeJSON(rw http.ResponseWriter, v any) {
+	rw.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(rw).Encode(v)
+}
+
+// TableView is GET /v1/table: the table in force.
+type TableView struct {
+	HasTable      bool    `json:"has_table"`
+	Term          uint64  `json:"term"`
+	Epoch         uint64  `json:"epoch"`
+	InForceTerm   uint64  `json:"in_force_term"`
+	InForceEpoch  uint64  `json:"in_force_epoch"`
+	LeaseExpiryUs int64   `json:"lease_expiry_us"`
+	LeaseLeftMs   float64 `json:"lease_left_ms"`
+	Lapsed        bool    `json:"lapsed"`
+	Keys          int     `json:"keys"`
+	PolicyVersion string  `json:"policy_version"`
+	NowUs         int64   `json:"now_us"`
+}
+
+func (a *Agent) handleTable(rw http.ResponseWriter, r *http.Request) {
+	now := a.now()
+	st := a.node.Table()
+	v := TableView{HasTable: st.HasTable, Term: st.Term, Epoch: st.Epoch, LeaseExpiryUs: st.LeaseExpiry,
+		Lapsed: st.Lapsed, Keys: st.Keys, PolicyVersion: a.node.Policy().Version(), NowUs: now}
+	v.InForceTerm, v.InForceEpoch = a.node.InForce(now)
+	if st.HasTable {
+		v.LeaseLeftMs = float64(st.LeaseExpiry-now) / 1000
+	}
+	writeJSON(rw, v)
+}
+
+// KeyView is GET /v1/keys/{key}: one key's state as this region runs it,
+// read with a peek (nothing consumed).
+type KeyView struct {
+	Key string `json:"key"`
+	// Limit is the global limit sold; Regional the limit this region runs
+	// the key at now, and Share its part of the global rate.
+	Limit    string  `json:"limit"`
+	Regional string  `json:"regional"`
+	Share    float64 `json:"share"`
+	NowUs    int64   `json:"now_us"`
+	// TATUs is the key's theoretical arrival time (now when rested);
+	// Remaining and NextAdmissionMs what a cost-1 request meets now.
+	TATUs           int64   `json:"tat_us"`
+	Remaining       int64   `json:"remaining"`
+	NextAdmissionMs float64 `json:"next_admission_ms"`
+}
+
+func (a *Agent) handleKey(rw http.ResponseWriter, r *http.Request) {
+	name := strings.TrimPrefix(r.URL.EscapedPath(), "/v1/keys/")
+	domain, entries, err := region.ParseKeyName(name)
+	if err != nil {
+		a.badHTTP(rw, err.Error())
+		return
+	}
+	w := a.pool.Get().(*work)
+	defer a.pool.Put(w)
+	w.desc = append(w.desc[:0], region.Descriptor{Entries: entries})
+	w.req = region.Request{Domain: domain, Descriptors: w.desc, Cost: 0}
+	now := a.now()
+	if err := a.node.Decide(r.Context(), now, &w.req, &w.d); err != nil {
+		a.badHTTP(rw, err.Error())
+		return
+	}
+	m := w.d.MatchOf(0)
+	if m == nil {
+		http.Error(rw, "no limit applies to "+name, http.StatusNotFound)
+		return
+	}
+	res := &m.Result
+	reg := res.Limit
+	v := KeyView{Key: name, Limit: m.Rule.Limit.String(), Regional: reg.String(), NowUs: now,
+		TATUs: now + res.ResetAfter.Microseconds(), Remaining: res.Remaining}
+	if t := reg.IntervalMicros(); t > 0 {
+		v.Share = float64(m.Rule.Limit.IntervalMicros()) / float64(t)
+		// A cost-1 request fits once TAT + T − now ≤ Burst·T.
+		v.NextAdmissionMs = float64(max(0, res.ResetAfter.Microseconds()+t-reg.Burst()*t)) / 1000
+	}
+	writeJSON(rw, v)
+}
