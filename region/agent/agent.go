@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/region"
+	"github.com/meridian-quota/meridian/region/agent/api"
 )
 
 // Agent is the shell around a region.Node: it serves Envoy RLS v3 over
@@ -259,7 +261,9 @@ func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest)
 		out.Statuses = append(out.Statuses, rlsStatus(w.d.MatchOf(i)))
 	}
 	if a.cfg.ResponseHeaders {
-		out.ResponseHeadersToAdd = rateLimitHeaders(&w.d)
+		for _, h := range headerFields(&w.d) {
+			out.ResponseHeadersToAdd = append(out.ResponseHeadersToAdd, &corev3.HeaderValue{Key: h[0], Value: h[1]})
+		}
 	}
 	a.count("rls", w.d.Allowed)
 	return out, nil
@@ -359,47 +363,20 @@ func currentLimit(l gcra.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(min(events, math.MaxUint32)), Unit: rlsv3.RateLimitResponse_RateLimit_DAY}
 }
 
-// DecideRequest is the body of POST /v1/decide.
-type DecideRequest struct {
-	Domain      string         `json:"domain"`
-	Descriptors []DescriptorIn `json:"descriptors"`
-	HitsAddend  uint32         `json:"hits_addend,omitempty"`
-}
-
-// DescriptorIn is one descriptor of a DecideRequest.
-type DescriptorIn struct {
-	Entries    []EntryIn `json:"entries"`
-	HitsAddend *uint64   `json:"hits_addend,omitempty"`
-}
-
-// EntryIn is one key/value entry.
-type EntryIn struct {
-	Key   string `json:"key"`
-	Value string `json:"value"`
-}
-
-// DecideResponse is the answer of POST /v1/decide.
-type DecideResponse struct {
-	Allowed  bool            `json:"allowed"`
-	Statuses []DescriptorOut `json:"statuses"`
-}
-
-// DescriptorOut is one descriptor's status.
-type DescriptorOut struct {
-	Code string `json:"code"` // OK or OVER_LIMIT
-	// Limit is the global limit the key was sold, e.g. "1000/1s burst 200".
-	Limit     string `json:"limit,omitempty"`
-	Remaining int64  `json:"remaining"`
-	// ResetMs is max(TAT − now, 0) when OK, the retry-after when over;
-	// RetryAfterMs is set only when over.
-	ResetMs      float64 `json:"reset_ms"`
-	RetryAfterMs float64 `json:"retry_after_ms,omitempty"`
-	Shadow       bool    `json:"shadow,omitempty"`
-}
+// The HTTP API's types live in region/agent/api, for the client.
+type (
+	DecideRequest   = api.DecideRequest
+	DescriptorIn    = api.DescriptorIn
+	EntryIn         = api.EntryIn
+	DecideResponse  = api.DecideResponse
+	DescriptorOut   = api.DescriptorOut
+	ReserveRequest  = api.ReserveRequest
+	ReserveResponse = api.ReserveResponse
+)
 
 // rls is the same request as RLS would carry, so both protocols decide
 // alike.
-func (in *DecideRequest) rls() *rlsv3.RateLimitRequest {
+func rlsOf(in *DecideRequest) *rlsv3.RateLimitRequest {
 	out := &rlsv3.RateLimitRequest{Domain: in.Domain, HitsAddend: in.HitsAddend}
 	for _, d := range in.Descriptors {
 		rd := &commonv3.RateLimitDescriptor{}
@@ -432,7 +409,7 @@ func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
 	}
 	w := a.pool.Get().(*work)
 	defer a.pool.Put(w)
-	if err := a.fromRLS(in.rls(), w); err != nil {
+	if err := a.fromRLS(rlsOf(&in), w); err != nil {
 		a.errors.Inc()
 		http.Error(rw, "decide: "+err.Error(), http.StatusBadRequest)
 		return
@@ -461,9 +438,14 @@ func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	if hs := headerFields(&w.d); len(hs) > 0 {
+		out.Headers = map[string]string{}
+		for _, h := range hs {
+			out.Headers[h[0]] = h[1]
+		}
+	}
 	a.count("http", w.d.Allowed)
-	rw.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(rw).Encode(out)
+	writeJSON(rw, out)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -239,7 +239,7 @@ func TestRLSCompositeAndHits(t *testing.T) {
 		}
 	}
 	// The HTTP API decides the same: the tenant is now out of tokens.
-	body, _ := json.Marshal(DecideRequest{Domain: "api", Descriptors: []DescriptorIn{{Entries: []EntryIn{{"tenant", "t1"}}}}})
+	body, _ := json.Marshal(DecideRequest{Domain: "api", Descriptors: []DescriptorIn{{Entries: []EntryIn{{Key: "tenant", Value: "t1"}}}}})
 	hr, err := http.Post(url+"/v1/decide", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

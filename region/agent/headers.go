@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/region"
 )
@@ -17,11 +15,11 @@ import (
 // RateLimit: "<name>";r=<remaining>;t=<seconds to reset>.
 const HeadersDraft = "draft-ietf-httpapi-ratelimit-headers-09"
 
-// rateLimitHeaders returns the response header fields for a decision: the
+// headerFields returns the response header fields for a decision: the
 // policy and counters of its most constraining limit (the one that denied,
 // else the one with the least remaining), and Retry-After (RFC 9110, whole
 // seconds rounded up) when denied. None when no limit applied.
-func rateLimitHeaders(d *region.Decision) []*corev3.HeaderValue {
+func headerFields(d *region.Decision) [][2]string {
 	var m *region.Match
 	for i := range d.Matches {
 		c := &d.Matches[i]
@@ -47,12 +45,12 @@ func rateLimitHeaders(d *region.Decision) []*corev3.HeaderValue {
 	if over(m) && m.Result.RetryAfter != gcra.Never {
 		reset = m.Result.RetryAfter
 	}
-	out := []*corev3.HeaderValue{
-		{Key: "RateLimit-Policy", Value: fmt.Sprintf("%s;q=%d;w=%d", strconv.Quote(name), events, ceilSeconds(period))},
-		{Key: "RateLimit", Value: fmt.Sprintf("%s;r=%d;t=%d", strconv.Quote(name), max(m.Result.Remaining, 0), ceilSeconds(reset))},
+	out := [][2]string{
+		{"RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%d", strconv.Quote(name), events, ceilSeconds(period))},
+		{"RateLimit", fmt.Sprintf("%s;r=%d;t=%d", strconv.Quote(name), max(m.Result.Remaining, 0), ceilSeconds(reset))},
 	}
 	if over(m) && m.Result.RetryAfter != gcra.Never {
-		out = append(out, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(max(ceilSeconds(m.Result.RetryAfter), 1), 10)})
+		out = append(out, [2]string{"Retry-After", strconv.FormatInt(max(ceilSeconds(m.Result.RetryAfter), 1), 10)})
 	}
 	return out
 }

@@ -11,22 +11,6 @@ import (
 	"github.com/meridian-quota/meridian/region"
 )
 
-// ReserveRequest is the body of POST /v1/reserve: a decision that books
-// the next slot when it is at most MaxWaitMs away (seed 000), one limit at
-// a time.
-type ReserveRequest struct {
-	DecideRequest
-	MaxWaitMs float64 `json:"max_wait_ms"`
-}
-
-// ReserveResponse says whether a slot was booked and how long to wait for
-// it; when refused, how long until one could be.
-type ReserveResponse struct {
-	Booked       bool    `json:"booked"`
-	WaitMs       float64 `json:"wait_ms"`
-	RetryAfterMs float64 `json:"retry_after_ms,omitempty"`
-}
-
 // maxReserveWait caps max_wait_ms (gcra's window cap is far beyond any
 // sensible wait).
 const maxReserveWait = time.Hour
@@ -50,7 +34,7 @@ func (a *Agent) handleReserve(rw http.ResponseWriter, r *http.Request) {
 	}
 	w := a.pool.Get().(*work)
 	defer a.pool.Put(w)
-	if err := a.fromRLS(in.DecideRequest.rls(), w); err != nil {
+	if err := a.fromRLS(rlsOf(&in.DecideRequest), w); err != nil {
 		a.badHTTP(rw, "reserve: "+err.Error())
 		return
 	}
