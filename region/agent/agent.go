@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
@@ -57,6 +59,7 @@ type Agent struct {
 
 	reloadMu sync.Mutex    // serializes Reload
 	tokens   [][]byte      // bearer tokens; none: no authentication
+	tls      *tls.Config   // nil: plaintext
 	reloadCh chan struct{} // RequestReload → the Run loop
 	policyAt fileStamp     // the policy file as last loaded
 }
@@ -100,6 +103,9 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	}
 	for _, t := range tokens {
 		a.tokens = append(a.tokens, []byte(t))
+	}
+	if a.tls, err = cfg.TLS.Load(); err != nil {
+		return nil, err
 	}
 	a.policyAt, _ = stamp(cfg.Policy)
 	a.pool.New = func() any { return new(work) }
@@ -483,13 +489,20 @@ func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	errc := make(chan error, 2)
 	var gs *grpc.Server
 	if grpcLis != nil {
-		gs = grpc.NewServer(grpc.UnaryInterceptor(a.authUnary))
+		opts := []grpc.ServerOption{grpc.UnaryInterceptor(a.authUnary)}
+		if a.tls != nil {
+			opts = append(opts, grpc.Creds(credentials.NewTLS(a.tls)))
+		}
+		gs = grpc.NewServer(opts...)
 		a.RegisterGRPC(gs)
 		go func() { errc <- gs.Serve(grpcLis) }()
 	}
 	var hs *http.Server
 	if httpLis != nil {
 		hs = &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		if a.tls != nil {
+			httpLis = tls.NewListener(httpLis, a.tls)
+		}
 		go func() {
 			if err := hs.Serve(httpLis); !errors.Is(err, http.ErrServerClosed) {
 				errc <- err

@@ -92,6 +92,9 @@ func startWith(t *testing.T, edit func(*Config)) (*Agent, rlsv3.RateLimitService
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.TLS.Enabled() {
+		return a, nil, "" // the caller runs it on its own TLS listeners
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -41,6 +43,9 @@ type Config struct {
 	// Auth guards the decision APIs (RLS and /v1/*); health probes stay
 	// open.
 	Auth AuthConfig `yaml:"auth"`
+	// TLS serves both listeners over TLS; with a client CA, only clients
+	// presenting a certificate it signed are served (mTLS).
+	TLS TLSConfig `yaml:"tls"`
 	// ResponseHeaders adds RateLimit-Policy, RateLimit (HeadersDraft) and,
 	// when over, Retry-After to RLS responses for Envoy to pass on.
 	ResponseHeaders bool `yaml:"response_headers"`
@@ -106,8 +111,10 @@ func LoadConfig(path string) (*Config, error) {
 	if c.Policy != "" && !filepath.IsAbs(c.Policy) {
 		c.Policy = filepath.Join(filepath.Dir(path), c.Policy)
 	}
-	if f := c.Auth.TokensFile; f != "" && !filepath.IsAbs(f) {
-		c.Auth.TokensFile = filepath.Join(filepath.Dir(path), f)
+	for _, f := range []*string{&c.Auth.TokensFile, &c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.ClientCAFile} {
+		if *f != "" && !filepath.IsAbs(*f) {
+			*f = filepath.Join(filepath.Dir(path), *f)
+		}
 	}
 	return c, nil
 }
@@ -175,6 +182,43 @@ func (c *Config) Validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}
+
+// TLSConfig names PEM files (relative to the config file).
+type TLSConfig struct {
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
+}
+
+// Enabled reports whether TLS is configured.
+func (t TLSConfig) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" || t.ClientCAFile != "" }
+
+// Load builds the server's TLS configuration (nil when not configured).
+func (t TLSConfig) Load() (*tls.Config, error) {
+	if !t.Enabled() {
+		return nil, nil
+	}
+	if t.CertFile == "" || t.KeyFile == "" {
+		return nil, fmt.Errorf("%w: tls: cert_file and key_file are both required", ErrConfig)
+	}
+	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if t.ClientCAFile != "" {
+		pem, err := os.ReadFile(t.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls.client_ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls.client_ca_file %s: no PEM certificate in it", t.ClientCAFile)
+		}
+		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return c, nil
 }
 
 // Tokens reads the configured bearer tokens: the file's non-empty,
