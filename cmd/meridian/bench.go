@@ -23,9 +23,12 @@ const benchSynopsis = `
 Usage: meridian bench <what> [flags]   (meridian bench <what> --help for its flags)
 
 Benchmarks:
-  redis   decisions/s and latency of the Redis store (meridian) beside
-          github.com/go-redis/redis_rate/v10 and a plain single-key GCRA script
-          run by EVALSHA through go-redis's AutoPipeline, in one run on one Redis`
+  redis     decisions/s and latency of the Redis store (meridian) beside
+            github.com/go-redis/redis_rate/v10 and a plain single-key GCRA script
+            run by EVALSHA through go-redis's AutoPipeline, in one run on one Redis
+  agent     decisions/s and latency of RLS v3 servers (an agent, a no-op server,
+            envoyproxy/ratelimit...) at several caller counts, closed loop
+  noop-rls  serve a no-op RLS v3 server (answers OK without work) to compare with`
 
 const benchRedisSynopsis = `
 Compare Redis-backed GCRA limiters in one run, on the same Redis, limit, key
@@ -51,14 +54,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := parseFlags(fs, args, stdout); err != nil {
 			return err
 		}
-		fmt.Fprintln(stderr, "meridian bench: say what to benchmark: redis")
+		fmt.Fprintln(stderr, "meridian bench: say what to benchmark: redis, agent or noop-rls")
 		return errUsage
 	}
 	switch args[0] {
 	case "redis":
 		return runBenchRedis(ctx, args[1:], stdout, stderr)
+	case "agent":
+		return runBenchAgent(ctx, args[1:], stdout, stderr)
+	case "noop-rls":
+		return runNoopRLS(ctx, args[1:], stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "meridian bench: unknown benchmark %q (want redis)\n", args[0])
+	fmt.Fprintf(stderr, "meridian bench: unknown benchmark %q (want redis, agent or noop-rls)\n", args[0])
 	return errUsage
 }
 
