@@ -24,9 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/meridian-quota/meridian/gcra/redisstore"
-	"github.com/meridian-quota/meridian/internal/testenv"
-	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/internal/regiontest"
 	"github.com/meridian-quota/meridian/region"
 )
 
@@ -61,23 +59,7 @@ func start(t *testing.T) (*Agent, rlsv3.RateLimitServiceClient, string) {
 // is written to a file the config names.
 func startWith(t *testing.T, edit func(*Config)) (*Agent, rlsv3.RateLimitServiceClient, string) {
 	t.Helper()
-	c := testenv.Redis(t)
-	prefix := testenv.Prefix(t)
-	t.Cleanup(func() { testenv.Cleanup(t, c, prefix) })
-	scfg := redisstore.DefaultConfig()
-	scfg.Prefix = prefix
-	store, err := redisstore.New(c, scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, err := region.ParsePolicy([]byte(testPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	node, err := region.NewNode(region.DefaultConfig("eu", "eu-1", "eu"), pol, store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := regiontest.Node(t, testPolicy, regiontest.RedisStore(t))
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Agent, cfg.Regions = "eu", "eu-1", []string{"eu"}
 	cfg.Policy = filepath.Join(t.TempDir(), "policy.yaml")
@@ -118,27 +100,8 @@ func startWith(t *testing.T, edit func(*Config)) (*Agent, rlsv3.RateLimitService
 	return a, rlsv3.NewRateLimitServiceClient(conn), srv.URL
 }
 
-// giveAll applies a table giving eu the whole budget of each key, effective
-// an hour back so that the keys hold their full bursts.
-func giveAll(t *testing.T, a *Agent, keys ...string) {
-	t.Helper()
-	now := time.Now().UnixMicro()
-	tb := &rebalance.Table{Term: 1, Epoch: 1, Issued: now, Effective: now - 3600e6, Regions: []string{"eu"},
-		Leases: []int64{now + 600e6}, Agents: [][]string{{"eu-1"}}}
-	for _, k := range keys {
-		var budget = a.node.Policy().Rules()[0].Limit
-		if strings.Contains(k, "route=") {
-			budget = a.node.Policy().Rules()[1].Limit
-		}
-		if strings.Contains(k, "user=") {
-			budget = a.node.Policy().Rules()[2].Limit
-		}
-		tb.Keys = append(tb.Keys, rebalance.KeyShares{Key: k, Budget: budget, Shares: []uint32{rebalance.PPM}, Version: 1})
-	}
-	if err := a.node.Apply(tb, now); err != nil {
-		t.Fatal(err)
-	}
-}
+// giveAll applies a table giving eu the whole budget of each key.
+func giveAll(t *testing.T, a *Agent, keys ...string) { regiontest.GiveAll(t, a.node, keys...) }
 
 func desc(hits *uint64, kv ...string) *commonv3.RateLimitDescriptor {
 	d := &commonv3.RateLimitDescriptor{}

@@ -7,11 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/meridian-quota/meridian/gcra/redisstore"
-	"github.com/meridian-quota/meridian/internal/testenv"
-	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/internal/regiontest"
 	"github.com/meridian-quota/meridian/region"
 	"github.com/meridian-quota/meridian/region/agent"
 	"github.com/meridian-quota/meridian/region/agent/api"
@@ -31,31 +28,8 @@ domains:
 // whole budget of tenant acme.
 func agentURL(t *testing.T) string {
 	t.Helper()
-	c := testenv.Redis(t)
-	prefix := testenv.Prefix(t)
-	t.Cleanup(func() { testenv.Cleanup(t, c, prefix) })
-	scfg := redisstore.DefaultConfig()
-	scfg.Prefix = prefix
-	store, err := redisstore.New(c, scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, err := region.ParsePolicy([]byte(policy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	node, err := region.NewNode(region.DefaultConfig("eu", "eu-1", "eu"), pol, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now().UnixMicro()
-	err = node.Apply(&rebalance.Table{Term: 1, Epoch: 1, Issued: now, Effective: now - 3600e6, Regions: []string{"eu"},
-		Leases: []int64{now + 600e6}, Agents: [][]string{{"eu-1"}},
-		Keys: []rebalance.KeyShares{{Key: region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}}),
-			Budget: pol.Rules()[0].Limit, Shares: []uint32{rebalance.PPM}, Version: 1}}}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := regiontest.Node(t, policy, regiontest.RedisStore(t))
+	regiontest.GiveAll(t, node, region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}}))
 	cfg := agent.DefaultConfig()
 	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy = "eu", "eu-1", []string{"eu"}, "unused"
 	a, err := agent.New(cfg, node, nil)
