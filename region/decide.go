@@ -307,12 +307,14 @@ func (n *Node) Decide(ctx context.Context, now int64, req *Request, d *Decision)
 func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
 	n.decisions.Add(1)
 	if ms := d.Enforced(); len(ms) > 0 {
-		r, err := n.run(ctx, d, ms, 0)
-		if err != nil {
+		if n.denyCached(now, d, ms) {
+			n.denyHits.Add(1)
+		} else if r, err := n.run(ctx, d, ms, 0); err != nil {
 			n.storeErrors.Add(1)
 			n.fallback(now, d)
 		} else {
 			d.Result, d.Allowed = r, r.Allowed
+			n.noteDenials(now, ms)
 		}
 	}
 	if ms := d.Shadow(); len(ms) > 0 {
@@ -648,4 +650,110 @@ func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait tim
 	}
 	n.Record(d)
 	return nil
+}
+
+// denyInfo is a key's TAT as a denial reported it, on the node's clock,
+// with the limit it was decided under.
+type denyInfo struct {
+	tat   int64 // µs, the node's clock
+	t, b  int64 // the limit's T (µs) and burst
+	epoch uint64
+}
+
+// noteDenials remembers the TAT of each limit that denied: only admissions
+// move a TAT, and other agents' admissions only move it later, so while
+// the limit stays the same a request denied against it would be denied by
+// the store too.
+func (n *Node) noteDenials(now int64, ms []Match) {
+	if !n.cfg.DenyCache {
+		return
+	}
+	for i := range ms {
+		m := &ms[i]
+		r := &m.Result
+		if m.entry != nil && r.Allowed && m.Cost > 0 && m.entry.deny.Load() != nil {
+			m.entry.deny.Store(nil) // this admission moved the TAT on
+			continue
+		}
+		if m.entry == nil || r.Allowed || r.TooLarge || r.RetryAfter <= 0 || !steadyAt(&m.Schedule, now) {
+			continue
+		}
+		l := &m.Schedule.Current.Limit
+		tat := now + r.ResetAfter.Microseconds()
+		if old := m.entry.deny.Load(); old != nil && old.tat == tat && old.t == l.IntervalMicros() {
+			continue
+		}
+		m.entry.deny.Store(&denyInfo{tat: tat, t: l.IntervalMicros(), b: l.Burst(), epoch: m.Schedule.Current.Epoch})
+	}
+}
+
+// steadyAt reports whether s decides under its current limit at now with
+// no change pending (a cached TAT is only valid under one limit).
+func steadyAt(s *gcra.Schedule, now int64) bool {
+	return !s.Current.Limit.IsZero() && (!s.HasPrevious || now >= s.Current.Effective)
+}
+
+// denyCached answers the enforced matches from the deny cache when one of
+// them is still denied against its cached TAT (TAT + n·T − now > Burst·T):
+// the request is denied without a store call, as the store would deny it.
+// The retry-after is the longest among the cached limits; it can be
+// shorter than the store's when other agents admitted since, or when
+// another limit of a composite would deny for longer — the client learns
+// the rest on its next try.
+func (n *Node) denyCached(now int64, d *Decision, ms []Match) bool {
+	if !n.cfg.DenyCache {
+		return false
+	}
+	for i := range ms {
+		m := &ms[i]
+		if m.entry == nil || m.Cost == 0 {
+			continue
+		}
+		di := m.entry.denyOf(&m.Schedule, now)
+		l := &m.Schedule.Current.Limit
+		if di == nil {
+			continue
+		}
+		if m.Cost > di.b {
+			continue // TooLarge: let the store say so
+		}
+		wait := di.tat + m.Cost*di.t - di.b*di.t - now
+		if wait <= 0 {
+			continue
+		}
+		// Denied: this limit's answer, the others untouched.
+		for j := range ms {
+			ms[j].Result, ms[j].decided = gcra.Result{Limit: ms[j].Schedule.Current.Limit}, true
+		}
+		m.Result = gcra.Result{Limit: *l, RetryAfter: time.Duration(wait) * time.Microsecond,
+			ResetAfter: time.Duration(max(di.tat-now, 0)) * time.Microsecond}
+		d.Result, d.Allowed = m.Result, false
+		for j := i + 1; j < len(ms); j++ { // the longest wait among the cached limits
+			o := &ms[j]
+			if oi := o.entry.denyOf(&o.Schedule, now); oi != nil && o.Cost > 0 && o.Cost <= oi.b {
+				if w := oi.tat + o.Cost*oi.t - oi.b*oi.t - now; w > 0 {
+					o.Result = gcra.Result{Limit: o.Schedule.Current.Limit, RetryAfter: time.Duration(w) * time.Microsecond,
+						ResetAfter: time.Duration(max(oi.tat-now, 0)) * time.Microsecond}
+					if o.Result.RetryAfter > d.Result.RetryAfter {
+						d.Result = o.Result
+					}
+				}
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// denyOf is e's cached denial when it holds for schedule s at now.
+func (e *entry) denyOf(s *gcra.Schedule, now int64) *denyInfo {
+	if e == nil {
+		return nil
+	}
+	di := e.deny.Load()
+	l := &s.Current.Limit
+	if di == nil || di.t != l.IntervalMicros() || di.b != l.Burst() || di.epoch != s.Current.Epoch || !steadyAt(s, now) {
+		return nil
+	}
+	return di
 }

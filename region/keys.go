@@ -28,6 +28,8 @@ type entry struct {
 	dead bool // evicted: recorders re-intern
 
 	local gcra.State // local failure-mode state, guarded by Node.localMu
+
+	deny atomic.Pointer[denyInfo] // the deny cache (Config.DenyCache)
 }
 
 const shardCount = 64

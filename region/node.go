@@ -64,6 +64,10 @@ type Config struct {
 	// MaxKeys caps the keys tracked for demand and local fallback; a key
 	// beyond it is still decided, and counted as overflow.
 	MaxKeys int
+	// DenyCache answers requests still denied against the TAT a denial
+	// returned without a store call (exact under GCRA; the shell's clock
+	// must be monotonic). Counted in Stats.DenyCacheHits.
+	DenyCache bool
 }
 
 // DefaultConfig returns a Config for one agent of region among regions.
@@ -76,6 +80,7 @@ func DefaultConfig(region, agent string, regions ...string) Config {
 		SafeFraction: 0.1,             // ARCHITECTURE.md: 10 % of the budget split equally
 		Agents:       1,               // one agent per region unless told
 		MaxKeys:      1 << 20,         // ~200 B each: about 200 MiB at the cap
+		DenyCache:    true,            // exact, and spares Redis the hottest denied keys
 	}
 }
 
@@ -135,6 +140,7 @@ type Stats struct {
 	Overflow       int64 // checks on keys beyond MaxKeys (decided, not reported)
 	Reduced        int64 // checks run at the safe share for a policy mismatch
 	Regressions    int64 // table rows whose key version went backwards (kept)
+	DenyCacheHits  int64 // requests denied from the deny cache, without a store call
 }
 
 // Node is a region's decision core. Resolve, Decide and Record are safe for
@@ -152,7 +158,7 @@ type Node struct {
 	gen     atomic.Uint64
 
 	decisions, peeks, storeErrors, fbOpen, fbClosed, fbLocal,
-	shadowDenied, overflow, reduced atomic.Int64
+	shadowDenied, overflow, reduced, denyHits atomic.Int64
 
 	// Owned by the Tick/Apply goroutine.
 	open        int64 // index of the open report interval
@@ -245,7 +251,7 @@ func (n *Node) Stats() Stats {
 		Decisions: n.decisions.Load(), Peeks: n.peeks.Load(), StoreErrors: n.storeErrors.Load(),
 		FallbackOpen: n.fbOpen.Load(), FallbackClosed: n.fbClosed.Load(), FallbackLocal: n.fbLocal.Load(),
 		ShadowDenied: n.shadowDenied.Load(), Overflow: n.overflow.Load(), Reduced: n.reduced.Load(),
-		Regressions: n.regressions,
+		Regressions: n.regressions, DenyCacheHits: n.denyHits.Load(),
 	}
 }
 

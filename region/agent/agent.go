@@ -95,8 +95,12 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	if log == nil {
 		log = slog.Default()
 	}
+	// The node's clock: Unix µs, advanced by the monotonic clock, so the
+	// deny cache and the local failure mode never see time go back.
+	start := time.Now()
+	base := start.UnixMicro()
 	a := &Agent{cfg: cfg, node: node, log: log, reg: prometheus.NewRegistry(), health: health.NewServer(),
-		now: func() int64 { return time.Now().UnixMicro() }, reloadCh: make(chan struct{}, 1)}
+		now: func() int64 { return base + time.Since(start).Microseconds() }, reloadCh: make(chan struct{}, 1)}
 	tokens, err := cfg.Auth.Tokens()
 	if err != nil {
 		return nil, err
@@ -138,6 +142,7 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 		stat("meridian_fallback_local_total", "Requests decided in memory by failure_mode local while the store failed.", func(s region.Stats) int64 { return s.FallbackLocal }),
 		stat("meridian_shadow_would_deny_total", "Requests a shadow-mode limit would have denied.", func(s region.Stats) int64 { return s.ShadowDenied }),
 		stat("meridian_store_errors_total", "Store calls that failed.", func(s region.Stats) int64 { return s.StoreErrors }),
+		stat("meridian_deny_cache_hits_total", "Requests denied from the deny cache, without a Redis call.", func(s region.Stats) int64 { return s.DenyCacheHits }),
 		stat("meridian_untracked_keys_total", "Checks on keys beyond the tracked-key cap (decided, not reported).", func(s region.Stats) int64 { return s.Overflow }),
 	)
 	a.reg.MustRegister(extra...)
