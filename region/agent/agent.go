@@ -53,6 +53,9 @@ type Agent struct {
 	now    func() int64
 
 	decisions *prometheus.CounterVec
+	byLimit   *prometheus.CounterVec
+	limits    atomic.Pointer[map[*region.Rule]*[2]prometheus.Counter] // per rule: ok, over_limit
+	retry     prometheus.Histogram
 	errors    prometheus.Counter
 	reloads   *prometheus.CounterVec
 	denied    prometheus.Counter
@@ -128,6 +131,34 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return float64(f(node.Stats())) })
 	}
+	a.byLimit = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "meridian_limit_decisions_total", Help: "Decisions per policy limit (its name, else its path) and result.",
+	}, []string{"limit", "result"})
+	a.retry = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "meridian_retry_after_seconds", Help: "Retry-after of denied requests.",
+		Buckets: []float64{0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600},
+	})
+	a.bindLimits(node.Policy())
+	tableGauge := func(name, help string, f func(region.TableState, int64) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
+			func() float64 { return f(node.Table(), a.now()) })
+	}
+	a.reg.MustRegister(a.byLimit, a.retry,
+		tableGauge("meridian_table_term", "Coordinator term of the table applied (0: none yet).", func(t region.TableState, _ int64) float64 { return float64(t.Term) }),
+		tableGauge("meridian_table_epoch", "Epoch of the table applied.", func(t region.TableState, _ int64) float64 { return float64(t.Epoch) }),
+		tableGauge("meridian_lease_seconds_left", "Time left on this region's lease (negative: lapsed; 0 without a table).", func(t region.TableState, now int64) float64 {
+			if !t.HasTable {
+				return 0
+			}
+			return float64(t.LeaseExpiry-now) / 1e6
+		}),
+		tableGauge("meridian_lease_lapsed", "1 once the lease passed without a newer table (keys at min(last, safe) share).", func(t region.TableState, _ int64) float64 {
+			if t.Lapsed {
+				return 1
+			}
+			return 0
+		}),
+	)
 	a.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meridian_policy_reloads_total", Help: "Policy reloads, by result (ok, rejected).",
 	}, []string{"result"})
@@ -221,6 +252,7 @@ func (a *Agent) Reload() error {
 		if p, err = region.ParsePolicy(data); err == nil {
 			a.policyAt = st
 			if p.Version() != a.node.Policy().Version() {
+				a.bindLimits(p)
 				a.node.SetPolicy(p)
 				a.log.Info("policy reloaded", "version", p.Version())
 			}
@@ -277,6 +309,7 @@ func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest)
 		}
 	}
 	a.count("rls", w.d.Allowed)
+	a.countLimits(&w.d)
 	return out, nil
 }
 
@@ -286,6 +319,39 @@ func (a *Agent) count(protocol string, allowed bool) {
 		r = "over_limit"
 	}
 	a.decisions.WithLabelValues(protocol, r).Inc()
+}
+
+// countLimits counts each matched limit's outcome and a denial's
+// retry-after.
+func (a *Agent) countLimits(d *region.Decision) {
+	cs := *a.limits.Load()
+	for i := range d.Matches {
+		m := &d.Matches[i]
+		if c := cs[m.Rule]; c != nil {
+			if over(m) {
+				c[1].Inc()
+			} else {
+				c[0].Inc()
+			}
+		}
+	}
+	if !d.Allowed && d.Result.RetryAfter != gcra.Never {
+		a.retry.Observe(d.Result.RetryAfter.Seconds())
+	}
+}
+
+// bindLimits creates (and so initialises) the per-limit series of p's
+// rules; label values are bounded by the policy.
+func (a *Agent) bindLimits(p *region.Policy) {
+	m := map[*region.Rule]*[2]prometheus.Counter{}
+	for _, r := range p.Rules() {
+		name := r.Name
+		if name == "" {
+			name = r.Domain + ":" + r.Path
+		}
+		m[r] = &[2]prometheus.Counter{a.byLimit.WithLabelValues(name, "ok"), a.byLimit.WithLabelValues(name, "over_limit")}
+	}
+	a.limits.Store(&m)
 }
 
 func (a *Agent) fromRLS(in *rlsv3.RateLimitRequest, w *work) error {
@@ -456,6 +522,7 @@ func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
 		}
 	}
 	a.count("http", w.d.Allowed)
+	a.countLimits(&w.d)
 	writeJSON(rw, out)
 }
 

@@ -239,7 +239,9 @@ func TestMetricsExposed(t *testing.T) {
 	defer resp.Body.Close()
 	var b bytes.Buffer
 	_, _ = b.ReadFrom(resp.Body)
-	for _, name := range []string{"meridian_decisions_total", "meridian_fallback_local_total", "meridian_shadow_would_deny_total", "meridian_store_errors_total"} {
+	for _, name := range []string{"meridian_decisions_total", "meridian_fallback_local_total", "meridian_shadow_would_deny_total",
+		"meridian_store_errors_total", "meridian_deny_cache_hits_total", `meridian_limit_decisions_total{limit="api:domains[0].descriptors[0]",result="ok"} 0`,
+		"meridian_lease_seconds_left", "meridian_table_epoch", "meridian_retry_after_seconds_bucket", "meridian_policy_reloads_total"} {
 		if !strings.Contains(b.String(), name) {
 			t.Errorf("/metrics lacks %s", name)
 		}

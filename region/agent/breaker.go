@@ -41,9 +41,10 @@ type Breaker struct {
 	openedAt time.Time
 	probing  bool
 
-	state  prometheus.Gauge
-	opens  prometheus.Counter
-	shorts prometheus.Counter
+	state   prometheus.Gauge
+	opens   prometheus.Counter
+	shorts  prometheus.Counter
+	latency prometheus.Histogram
 }
 
 // NewBreaker wraps store.
@@ -58,12 +59,15 @@ func NewBreaker(cfg BreakerConfig, store region.Store) (*Breaker, error) {
 			Help: "Times the circuit breaker opened."}),
 		shorts: prometheus.NewCounter(prometheus.CounterOpts{Name: "meridian_breaker_rejected_total",
 			Help: "Store calls refused at once while the breaker was open."}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "meridian_store_seconds",
+			Help:    "Latency of store (Redis) calls, failed ones included.",
+			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25}}),
 	}, nil
 }
 
 // Collectors returns the breaker's metrics.
 func (b *Breaker) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{b.state, b.opens, b.shorts}
+	return []prometheus.Collector{b.state, b.opens, b.shorts, b.latency}
 }
 
 // Open reports whether the breaker is open.
@@ -115,7 +119,9 @@ func (b *Breaker) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra
 	if !b.allow() {
 		return gcra.Result{}, ErrBreakerOpen
 	}
+	start := time.Now()
 	r, err := b.store.DecideAll(ctx, checks, out)
+	b.latency.Observe(time.Since(start).Seconds())
 	b.done(err)
 	return r, err
 }
