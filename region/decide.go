@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
@@ -309,6 +310,8 @@ func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
 	if ms := d.Enforced(); len(ms) > 0 {
 		if n.denyCached(now, d, ms) {
 			n.denyHits.Add(1)
+		} else if len(ms) == 1 && n.leased(ctx, now, d, &ms[0]) {
+			// served from a lease, or a lease taken with it
 		} else if r, err := n.run(ctx, d, ms, 0); err != nil {
 			n.storeErrors.Add(1)
 			n.fallback(now, d)
@@ -756,4 +759,62 @@ func (e *entry) denyOf(s *gcra.Schedule, now int64) *denyInfo {
 		return nil
 	}
 	return di
+}
+
+// leaseState is a key's local lease (Rule.LeaseUnits): units taken from the
+// store and not served yet, valid until expires under one limit.
+type leaseState struct {
+	mu      sync.Mutex
+	units   int64
+	expires int64 // µs, the node's clock
+	t, b    int64
+	epoch   uint64
+}
+
+// leased serves a single-limit request from the key's lease, or takes a
+// new lease with it (cost + LeaseUnits in one store call). It reports
+// whether it decided the request (false: decide it normally). Leasing is
+// skipped for low limits — a regional burst under four leases — and while
+// a limit change is pending. Units not served before the lease expires (or
+// its limit changes) are counted as stranded.
+func (n *Node) leased(ctx context.Context, now int64, d *Decision, m *Match) bool {
+	units := m.Rule.LeaseUnits
+	l := m.Schedule.Current.Limit
+	if units == 0 || m.entry == nil || m.Cost == 0 || !steadyAt(&m.Schedule, now) || l.Burst() < 4*units {
+		return false
+	}
+	ls := &m.entry.lease
+	ls.mu.Lock()
+	valid := now < ls.expires && ls.t == l.IntervalMicros() && ls.b == l.Burst() && ls.epoch == m.Schedule.Current.Epoch
+	if valid && ls.units >= m.Cost {
+		ls.units -= m.Cost
+		left := ls.units
+		ls.mu.Unlock()
+		n.leaseHits.Add(1)
+		m.Result, m.decided = gcra.Result{Limit: l, Allowed: true, Remaining: left}, true
+		d.Result, d.Allowed = m.Result, true
+		return true
+	}
+	if ls.units > 0 {
+		n.leaseStranded.Add(ls.units)
+		ls.units = 0
+	}
+	ls.mu.Unlock()
+	cost := m.Cost
+	m.Cost = cost + units
+	r, err := n.run(ctx, d, d.Matches[:1], 0)
+	m.Cost = cost
+	if err != nil || !r.Allowed {
+		return false // decide the request alone
+	}
+	n.leaseTakes.Add(1)
+	ls.mu.Lock()
+	if ls.units > 0 { // another request took one meanwhile
+		n.leaseStranded.Add(ls.units)
+	}
+	ls.units, ls.expires = units, now+m.Rule.LeaseTTL.Microseconds()
+	ls.t, ls.b, ls.epoch = l.IntervalMicros(), l.Burst(), m.Schedule.Current.Epoch
+	ls.mu.Unlock()
+	d.Result, d.Allowed = r, true
+	return true
 }

@@ -29,7 +29,8 @@ type entry struct {
 
 	local gcra.State // local failure-mode state, guarded by Node.localMu
 
-	deny atomic.Pointer[denyInfo] // the deny cache (Config.DenyCache)
+	deny  atomic.Pointer[denyInfo] // the deny cache (Config.DenyCache)
+	lease leaseState               // Rule.LeaseUnits
 }
 
 const shardCount = 64

@@ -141,6 +141,9 @@ type Stats struct {
 	Reduced        int64 // checks run at the safe share for a policy mismatch
 	Regressions    int64 // table rows whose key version went backwards (kept)
 	DenyCacheHits  int64 // requests denied from the deny cache, without a store call
+	LeaseHits      int64 // requests served from a local lease, without a store call
+	LeaseTakes     int64 // leases taken (one store call each)
+	LeaseStranded  int64 // leased units never served (expired, or the limit changed)
 }
 
 // Node is a region's decision core. Resolve, Decide and Record are safe for
@@ -159,6 +162,7 @@ type Node struct {
 
 	decisions, peeks, storeErrors, fbOpen, fbClosed, fbLocal,
 	shadowDenied, overflow, reduced, denyHits atomic.Int64
+	leaseHits, leaseTakes, leaseStranded atomic.Int64
 
 	// Owned by the Tick/Apply goroutine.
 	open        int64 // index of the open report interval
@@ -252,6 +256,7 @@ func (n *Node) Stats() Stats {
 		FallbackOpen: n.fbOpen.Load(), FallbackClosed: n.fbClosed.Load(), FallbackLocal: n.fbLocal.Load(),
 		ShadowDenied: n.shadowDenied.Load(), Overflow: n.overflow.Load(), Reduced: n.reduced.Load(),
 		Regressions: n.regressions, DenyCacheHits: n.denyHits.Load(),
+		LeaseHits: n.leaseHits.Load(), LeaseTakes: n.leaseTakes.Load(), LeaseStranded: n.leaseStranded.Load(),
 	}
 }
 

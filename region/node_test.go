@@ -761,3 +761,93 @@ func TestNodeDenyCacheIsExact(t *testing.T) {
 		t.Errorf("%d hits with the cache off", h)
 	}
 }
+
+// countingStore counts the store calls a node makes.
+type countingStore struct {
+	Store
+	calls atomic.Int64
+}
+
+func (c *countingStore) DecideAll(ctx context.Context, ch []gcra.Check, out []gcra.Result) (gcra.Result, error) {
+	c.calls.Add(1)
+	return c.Store.DecideAll(ctx, ch, out)
+}
+
+func TestNodeLeasing(t *testing.T) {
+	const src = `
+domains:
+  - domain: api
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: second, requests_per_unit: 1000, burst: 100, lease: {units: 10, ttl: 100ms}}
+      - key: small
+        rate_limit: {unit: second, requests_per_unit: 1000, burst: 30, lease: {units: 10, ttl: 100ms}}
+`
+	var clock atomic.Int64
+	clock.Store(1_700_000_000_000_000)
+	ms, err := memstore.New(memstore.Config{Clock: clock.Load, Shards: 1, MaxKeys: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &countingStore{Store: ms}
+	n, err := NewNode(DefaultConfig("eu", "eu-1", "eu"), mustPolicy(t, src), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := clock.Load()
+	pol := n.Policy()
+	tb := &rebalance.Table{Term: 1, Epoch: 1, Issued: now, Effective: now - hour, Regions: []string{"eu"}, Leases: []int64{now + 600e6},
+		Keys: []rebalance.KeyShares{
+			{Key: KeyName("api", []Entry{{"small", "s"}}), Budget: pol.Rules()[1].Limit, Shares: []uint32{rebalance.PPM}, Version: 1},
+			{Key: KeyName("api", []Entry{{"tenant", "t"}}), Budget: pol.Rules()[0].Limit, Shares: []uint32{rebalance.PPM}, Version: 1},
+		}}
+	if err := n.Apply(tb, now); err != nil {
+		t.Fatal(err)
+	}
+	r := &Request{Domain: "api", Descriptors: []Descriptor{{Entries: []Entry{{"tenant", "t"}}}}, Cost: 1}
+	var d Decision
+	admitted := 0
+	for range 200 { // all at one instant: the burst of 100 is all there is
+		if err := n.Decide(context.Background(), now, r, &d); err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	if admitted > 100 {
+		t.Errorf("admitted %d at one instant under burst 100: leasing over-admitted", admitted)
+	}
+	if admitted < 90 {
+		t.Errorf("admitted %d of a burst of 100", admitted)
+	}
+	s := n.Stats()
+	if s.LeaseTakes == 0 || s.LeaseHits < 80 {
+		t.Errorf("lease takes %d, hits %d: leasing unused", s.LeaseTakes, s.LeaseHits)
+	}
+	t.Logf("admitted %d, lease takes %d, hits %d, store calls %d", admitted, s.LeaseTakes, s.LeaseHits, st.calls.Load())
+	if calls := st.calls.Load(); calls > 120 {
+		t.Errorf("%d store calls for 200 requests: leases should spare most of the admitted ones", calls)
+	}
+	// Refill one lease's worth, take it, then let it expire unused.
+	clock.Add(20_000) // 20 tokens at 1/ms
+	if err := n.Decide(context.Background(), clock.Load(), r, &d); err != nil || !d.Allowed {
+		t.Fatalf("after refill: %v %v", d.Allowed, err)
+	}
+	clock.Add(200_000) // past the 100 ms TTL
+	if err := n.Decide(context.Background(), clock.Load(), r, &d); err != nil || !d.Allowed {
+		t.Fatalf("after expiry: %v %v", d.Allowed, err)
+	}
+	if got := n.Stats().LeaseStranded; got < 10 {
+		t.Errorf("stranded %d, want the expired lease's 10 units counted", got)
+	}
+	// A low limit (burst 30 < 4 leases) is never leased.
+	before := n.Stats().LeaseTakes
+	small := &Request{Domain: "api", Descriptors: []Descriptor{{Entries: []Entry{{"small", "s"}}}}, Cost: 1}
+	for range 5 {
+		_ = n.Decide(context.Background(), clock.Load(), small, &d)
+	}
+	if n.Stats().LeaseTakes != before {
+		t.Error("a low limit was leased")
+	}
+}

@@ -94,7 +94,12 @@ type Rule struct {
 	// Strategy is the rebalance strategy for the rule's keys; "" means the
 	// coordinator's default.
 	Strategy string
-	id       int
+	// LeaseUnits and LeaseTTL opt the limit into leasing (seed 003): an
+	// agent takes LeaseUnits in one store call and serves them from memory
+	// for at most LeaseTTL. 0: no leasing.
+	LeaseUnits int64
+	LeaseTTL   time.Duration
+	id         int
 }
 
 // Policy is a loaded, validated policy: immutable and safe to share.
@@ -170,6 +175,8 @@ type rateLimitFile struct {
 	FailureMode     string   `json:"failure_mode,omitempty"`
 	Scope           string   `json:"scope,omitempty"`
 	Strategy        string   `json:"strategy,omitempty"`
+	LeaseUnits      int64    `json:"lease_units,omitempty"`
+	LeaseTTL        string   `json:"lease_ttl,omitempty"`
 }
 
 // ErrPolicy wraps every policy load error.
@@ -373,7 +380,7 @@ func (d *decoder) descriptor(path string, n *yaml.Node, df *descriptorFile) {
 
 func (d *decoder) rateLimit(path string, n *yaml.Node, rf *rateLimitFile) {
 	known := []string{"unit", "requests_per_unit", "period", "burst", "unlimited", "name", "replaces",
-		"failure_mode", "scope", "strategy"}
+		"failure_mode", "scope", "strategy", "lease"}
 	d.fields(path, n, known, func(name string, v *yaml.Node) {
 		p := join(path, name)
 		switch name {
@@ -396,6 +403,15 @@ func (d *decoder) rateLimit(path string, n *yaml.Node, rf *rateLimitFile) {
 			d.str(p, v, &rf.Scope)
 		case "strategy":
 			d.str(p, v, &rf.Strategy)
+		case "lease":
+			d.fields(p, v, []string{"units", "ttl"}, func(name string, v *yaml.Node) {
+				switch name {
+				case "units":
+					d.integer(join(p, name), v, &rf.LeaseUnits)
+				case "ttl":
+					d.str(join(p, name), v, &rf.LeaseTTL)
+				}
+			})
 		case "replaces":
 			d.list(p, v, func(p string, v *yaml.Node) {
 				// envoyproxy/ratelimit writes replaces as [{name: x}].
@@ -633,6 +649,19 @@ func (d *decoder) rule(p *Policy, dom *domain, fm FailureMode, dp string, df *de
 	if rf.Strategy != "" && !slices.Contains(rebalance.StrategyNames(), rf.Strategy) {
 		d.errf(join(rp, "strategy"), nil, "unknown strategy %q (valid: %s)", rf.Strategy,
 			strings.Join(rebalance.StrategyNames(), ", "))
+	}
+	if rf.LeaseUnits != 0 || rf.LeaseTTL != "" {
+		ttl, err := time.ParseDuration(rf.LeaseTTL)
+		switch {
+		case rf.LeaseUnits < 2:
+			d.errf(join(rp, "lease.units"), nil, "%d: must be at least 2 (a lease of one unit saves nothing)", rf.LeaseUnits)
+		case err != nil:
+			d.errf(join(rp, "lease.ttl"), nil, "%q: not a duration", rf.LeaseTTL)
+		case ttl <= 0 || ttl > time.Second:
+			d.errf(join(rp, "lease.ttl"), nil, "%s: must be in (0, 1s]: leased units are served late by up to the TTL", ttl)
+		default:
+			r.LeaseUnits, r.LeaseTTL = rf.LeaseUnits, ttl
+		}
 	}
 	if rf.Unlimited {
 		if rf.Unit != "" || rf.Period != "" || rf.RequestsPerUnit != 0 || rf.burstSet {

@@ -174,6 +174,9 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 		stat("meridian_shadow_would_deny_total", "Requests a shadow-mode limit would have denied.", func(s region.Stats) int64 { return s.ShadowDenied }),
 		stat("meridian_store_errors_total", "Store calls that failed.", func(s region.Stats) int64 { return s.StoreErrors }),
 		stat("meridian_deny_cache_hits_total", "Requests denied from the deny cache, without a Redis call.", func(s region.Stats) int64 { return s.DenyCacheHits }),
+		stat("meridian_lease_hits_total", "Requests served from a local lease, without a Redis call.", func(s region.Stats) int64 { return s.LeaseHits }),
+		stat("meridian_lease_takes_total", "Leases taken from Redis.", func(s region.Stats) int64 { return s.LeaseTakes }),
+		stat("meridian_lease_stranded_units_total", "Leased units never served (the lease expired or its limit changed).", func(s region.Stats) int64 { return s.LeaseStranded }),
 		stat("meridian_untracked_keys_total", "Checks on keys beyond the tracked-key cap (decided, not reported).", func(s region.Stats) int64 { return s.Overflow }),
 	)
 	a.reg.MustRegister(extra...)
