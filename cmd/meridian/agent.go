@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/meridian-quota/meridian/gcra/redisstore"
 	"github.com/meridian-quota/meridian/region"
@@ -70,6 +72,25 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	a, err := agent.New(*cfg, node, log, br.Collectors()...)
 	if err != nil {
 		return err
+	}
+	if t := cfg.Tracing; t.OTLPEndpoint != "" {
+		opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(t.OTLPEndpoint)}
+		if t.Insecure {
+			opts = append(opts, otlptracegrpc.WithInsecure())
+		}
+		exp, err := otlptracegrpc.New(ctx, opts...)
+		if err != nil {
+			return fmt.Errorf("tracing: %w", err)
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp),
+			sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(t.Sample))))
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = tp.Shutdown(sctx)
+			cancel()
+		}()
+		a.SetTracerProvider(tp)
+		br.SetTracerProvider(tp)
 	}
 	var gl, hl net.Listener
 	if cfg.GRPC != "" {

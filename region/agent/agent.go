@@ -22,6 +22,9 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -60,9 +63,10 @@ type Agent struct {
 	reloads   *prometheus.CounterVec
 	denied    prometheus.Counter
 
-	reloadMu sync.Mutex    // serializes Reload
-	tokens   [][]byte      // bearer tokens; none: no authentication
-	tls      *tls.Config   // nil: plaintext
+	reloadMu sync.Mutex  // serializes Reload
+	tokens   [][]byte    // bearer tokens; none: no authentication
+	tls      *tls.Config // nil: plaintext
+	tracer   trace.Tracer
 	reloadCh chan struct{} // RequestReload → the Run loop
 	policyAt fileStamp     // the policy file as last loaded
 }
@@ -116,6 +120,7 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	}
 	a.policyAt, _ = stamp(cfg.Policy)
 	a.pool.New = func() any { return new(work) }
+	a.tracer = noop.NewTracerProvider().Tracer("meridian/agent")
 	a.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meridian_decisions_total", Help: "Requests decided, by protocol and result (ok, over_limit).",
 	}, []string{"protocol", "result"})
@@ -269,6 +274,13 @@ func (a *Agent) Reload() error {
 	return err
 }
 
+// SetTracerProvider makes the agent trace each decision with tp (spans at
+// the request and, through a Breaker given the same provider, at each store
+// call). Call it before Run.
+func (a *Agent) SetTracerProvider(tp trace.TracerProvider) {
+	a.tracer = tp.Tracer("meridian/agent")
+}
+
 // Registry returns the agent's metrics registry.
 func (a *Agent) Registry() *prometheus.Registry { return a.reg }
 
@@ -289,6 +301,9 @@ func (a *Agent) decide(ctx context.Context, w *work) error {
 // per-descriptor 0 peeks. Unknown domains and descriptors that match
 // nothing answer OK with no limit, as Envoy's reference server does.
 func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	ctx, span := a.tracer.Start(ctx, "meridian.rls.ShouldRateLimit", trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("meridian.domain", in.Domain), attribute.Int("meridian.descriptors", len(in.Descriptors))))
+	defer span.End()
 	w := a.pool.Get().(*work)
 	defer a.pool.Put(w)
 	if err := a.fromRLS(in, w); err != nil {
@@ -313,6 +328,7 @@ func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest)
 	}
 	a.count("rls", w.d.Allowed)
 	a.countLimits(&w.d)
+	span.SetAttributes(attribute.Bool("meridian.allowed", w.d.Allowed), attribute.Bool("meridian.fallback", w.d.Fallback))
 	return out, nil
 }
 

@@ -8,6 +8,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/region"
@@ -41,6 +45,7 @@ type Breaker struct {
 	openedAt time.Time
 	probing  bool
 
+	tracer  trace.Tracer
 	state   prometheus.Gauge
 	opens   prometheus.Counter
 	shorts  prometheus.Counter
@@ -53,6 +58,7 @@ func NewBreaker(cfg BreakerConfig, store region.Store) (*Breaker, error) {
 		return nil, fmt.Errorf("%w: breaker: failures %d must be ≥ 1 and cooldown %s positive", ErrConfig, cfg.Failures, cfg.Cooldown.D())
 	}
 	return &Breaker{store: store, failures: cfg.Failures, cooldown: cfg.Cooldown.D(), now: time.Now,
+		tracer: noop.NewTracerProvider().Tracer("meridian/store"),
 		state: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_breaker_open",
 			Help: "1 while the circuit breaker in front of Redis is open (failure modes decide)."}),
 		opens: prometheus.NewCounter(prometheus.CounterOpts{Name: "meridian_breaker_opens_total",
@@ -64,6 +70,9 @@ func NewBreaker(cfg BreakerConfig, store region.Store) (*Breaker, error) {
 			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25}}),
 	}, nil
 }
+
+// SetTracerProvider traces each store call with tp.
+func (b *Breaker) SetTracerProvider(tp trace.TracerProvider) { b.tracer = tp.Tracer("meridian/store") }
 
 // Collectors returns the breaker's metrics.
 func (b *Breaker) Collectors() []prometheus.Collector {
@@ -119,9 +128,16 @@ func (b *Breaker) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra
 	if !b.allow() {
 		return gcra.Result{}, ErrBreakerOpen
 	}
+	ctx, span := b.tracer.Start(ctx, "meridian.store.DecideAll", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.Int("meridian.checks", len(checks))))
 	start := time.Now()
 	r, err := b.store.DecideAll(ctx, checks, out)
 	b.latency.Observe(time.Since(start).Seconds())
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "store failed")
+	}
+	span.End()
 	b.done(err)
 	return r, err
 }

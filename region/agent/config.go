@@ -49,6 +49,8 @@ type Config struct {
 	// ResponseHeaders adds RateLimit-Policy, RateLimit (HeadersDraft) and,
 	// when over, Retry-After to RLS responses for Envoy to pass on.
 	ResponseHeaders bool `yaml:"response_headers"`
+	// Tracing exports OpenTelemetry spans over OTLP when an endpoint is set.
+	Tracing TracingConfig `yaml:"tracing"`
 	// Breaker guards the store: see BreakerConfig.
 	Breaker BreakerConfig `yaml:"breaker"`
 	// ReloadEvery is how often the policy file is checked for changes
@@ -85,6 +87,8 @@ func DefaultConfig() Config {
 		// A few failures in a row, not one blip, open the breaker; while
 		// open it probes Redis again every second.
 		Breaker: BreakerConfig{Failures: 5, Cooldown: Duration(time.Second)},
+		// One decision in a hundred traced: enough to see latency, cheap.
+		Tracing: TracingConfig{Sample: 0.01},
 		Redis: RedisConfig{
 			Addr:    "127.0.0.1:6379",
 			Prefix:  "meridian:",
@@ -175,6 +179,9 @@ func (c *Config) Validate() error {
 	if c.Breaker.Cooldown <= 0 {
 		bad("breaker.cooldown", "%s: must be positive", c.Breaker.Cooldown.D())
 	}
+	if c.Tracing.Sample < 0 || c.Tracing.Sample > 1 {
+		bad("tracing.sample", "%v: must be in [0, 1]", c.Tracing.Sample)
+	}
 	if c.ReloadEvery < 0 {
 		bad("reload_every", "%s: must not be negative", time.Duration(c.ReloadEvery))
 	}
@@ -182,6 +189,17 @@ func (c *Config) Validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}
+
+// TracingConfig configures span export. No endpoint: spans go nowhere (a
+// no-op tracer, nothing recorded).
+type TracingConfig struct {
+	// OTLPEndpoint is the collector's OTLP/gRPC address, host:port.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// Insecure sends spans without TLS (a collector on localhost).
+	Insecure bool `yaml:"insecure"`
+	// Sample is the fraction of decisions traced (default 0.01).
+	Sample float64 `yaml:"sample"`
 }
 
 // TLSConfig names PEM files (relative to the config file).

@@ -13,10 +13,13 @@ import (
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/meridian-quota/meridian/gcra/redisstore"
+	"github.com/meridian-quota/meridian/internal/regiontest"
 	"github.com/meridian-quota/meridian/internal/testenv"
 	"github.com/meridian-quota/meridian/rebalance"
 	"github.com/meridian-quota/meridian/region"
@@ -154,5 +157,37 @@ func TestRedisFailureModesAndBreaker(t *testing.T) {
 	}
 	if s := node.Stats(); s.FallbackClosed < 3 || s.FallbackOpen < 3 || s.FallbackLocal < 3 {
 		t.Errorf("fallback counts %+v, want at least 3 of each mode", s)
+	}
+}
+
+// Each RLS decision is a server span, each store call a client span under
+// it.
+func TestTracingSpans(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	br, err := NewBreaker(BreakerConfig{Failures: 3, Cooldown: Duration(time.Second)}, regiontest.RedisStore(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br.SetTracerProvider(tp)
+	node := regiontest.Node(t, testPolicy, br)
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy, cfg.ReloadEvery = "eu", "eu-1", []string{"eu"}, "unused", 0
+	a, err := New(cfg, node, nil, br.Collectors()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.SetTracerProvider(tp)
+	if _, err := a.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api",
+		Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", "traced")}}); err != nil {
+		t.Fatal(err)
+	}
+	spans := rec.Ended()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want the RLS call and the store call", len(spans))
+	}
+	store, rls := spans[0], spans[1]
+	if rls.Name() != "meridian.rls.ShouldRateLimit" || store.Name() != "meridian.store.DecideAll" || store.Parent().SpanID() != rls.SpanContext().SpanID() {
+		t.Errorf("spans %q (parent %v) and %q (%v)", store.Name(), store.Parent().SpanID(), rls.Name(), rls.SpanContext().SpanID())
 	}
 }
