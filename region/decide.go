@@ -124,6 +124,9 @@ func (n *Node) Resolve(req *Request, d *Decision) error {
 	for i := range req.Descriptors {
 		desc := &req.Descriptors[i]
 		rule := dom.match(desc.Entries)
+		if !desc.Override.IsZero() {
+			rule = n.overrideRule(dom, rule, desc.Override)
+		}
 		if rule == nil || rule.Unlimited {
 			continue
 		}
@@ -817,4 +820,37 @@ func (n *Node) leased(ctx context.Context, now int64, d *Decision, m *Match) boo
 	ls.mu.Unlock()
 	d.Result, d.Allowed = r, true
 	return true
+}
+
+type overrideKey struct {
+	base  *Rule
+	limit gcra.Limit
+	dom   *domain
+}
+
+// maxOverrideRules bounds the override rules kept for reuse; beyond it
+// each request makes its own (they are equal, only slower).
+const maxOverrideRules = 1024
+
+// overrideRule is the rule a descriptor's limit override makes: the limit
+// given, otherwise the matched rule's settings (or the defaults when none
+// matched). Its keys are not in any table, so they run at the safe share.
+func (n *Node) overrideRule(dom *domain, base *Rule, l gcra.Limit) *Rule {
+	k := overrideKey{base: base, limit: l, dom: dom}
+	if r, ok := n.overrides.Load(k); ok {
+		return r.(*Rule)
+	}
+	r := &Rule{Path: "override", Domain: dom.name, Limit: l, FailureMode: FailLocal}
+	if base != nil {
+		cp := *base
+		cp.Limit, cp.Unlimited, cp.Path, cp.LeaseUnits = l, false, base.Path+"#override", 0
+		r = &cp
+	}
+	if n.nOverride.Load() < maxOverrideRules {
+		if actual, loaded := n.overrides.LoadOrStore(k, r); loaded {
+			return actual.(*Rule)
+		}
+		n.nOverride.Add(1)
+	}
+	return r
 }

@@ -33,6 +33,11 @@ type Descriptor struct {
 	Entries []Entry
 	Cost    int64
 	HasCost bool
+	// Override, when not zero, is a limit the caller sets for this
+	// descriptor (Envoy's RateLimitDescriptor.limit): it applies in a known
+	// domain whatever the policy says, and since the coordinator does not
+	// know it, the key runs at the safe share of it.
+	Override gcra.Limit
 }
 
 // Request is one decision to make: a domain, its descriptors and the cost
@@ -155,6 +160,9 @@ type Node struct {
 	safe  uint32
 	snap  atomic.Pointer[snapshot]
 	keys  interner
+
+	overrides sync.Map // overrideKey → *Rule: the rules overrides make, reused
+	nOverride atomic.Int64
 
 	localMu sync.Mutex
 	live    atomic.Int64

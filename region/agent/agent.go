@@ -20,6 +20,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -389,6 +390,13 @@ func (a *Agent) fromRLS(in *rlsv3.RateLimitRequest, w *work) error {
 			w.ents = append(w.ents, region.Entry{Key: e.Key, Value: e.Value})
 		}
 		rd := region.Descriptor{Entries: w.ents[start:len(w.ents):len(w.ents)]}
+		if o := d.GetLimit(); o != nil {
+			l, err := overrideLimit(o)
+			if err != nil {
+				return fmt.Errorf("%w: descriptors[%d].limit: %v", errBadRequest, i, err)
+			}
+			rd.Override = l
+		}
 		if h := d.GetHitsAddend(); h != nil {
 			if h.Value > maxHits {
 				return fmt.Errorf("%w: descriptors[%d].hits_addend %d above 2^32−1", errBadRequest, i, h.Value)
@@ -399,6 +407,31 @@ func (a *Agent) fromRLS(in *rlsv3.RateLimitRequest, w *work) error {
 	}
 	w.req.Descriptors = w.desc
 	return nil
+}
+
+// overrideLimit turns Envoy's per-descriptor limit override into a limit
+// with the default burst (one unit's worth).
+func overrideLimit(o *commonv3.RateLimitDescriptor_RateLimitOverride) (gcra.Limit, error) {
+	units := map[typev3.RateLimitUnit]time.Duration{
+		typev3.RateLimitUnit_SECOND: time.Second, typev3.RateLimitUnit_MINUTE: time.Minute,
+		typev3.RateLimitUnit_HOUR: time.Hour, typev3.RateLimitUnit_DAY: 24 * time.Hour,
+	}
+	period, ok := units[o.Unit]
+	if !ok || o.RequestsPerUnit == 0 {
+		return gcra.Limit{}, fmt.Errorf("unit %v with %d requests: want a second, minute, hour or day and at least 1", o.Unit, o.RequestsPerUnit)
+	}
+	if m := o.GetUnitMultiplier(); m != nil {
+		if m.Value == 0 || m.Value > 1000 {
+			return gcra.Limit{}, fmt.Errorf("unit_multiplier %d: want 1 to 1000", m.Value)
+		}
+		period *= time.Duration(m.Value)
+	}
+	rpu := int64(o.RequestsPerUnit)
+	l := gcra.New(rpu, period, region.DefaultBurst(rpu, period))
+	if err := l.Validate(); err != nil {
+		return gcra.Limit{}, err
+	}
+	return l, nil
 }
 
 // rlsStatus is one descriptor's status: current_limit is the global limit

@@ -17,6 +17,7 @@ import (
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -480,5 +481,37 @@ func TestReserveAndAdminViews(t *testing.T) {
 	}
 	if code := getJSON(t, url+"/v1/keys/api", &kv); code != http.StatusBadRequest {
 		t.Errorf("malformed key: %d, want 400", code)
+	}
+}
+
+// A descriptor's limit override applies in a known domain even where the
+// policy has no limit, at the safe share (the coordinator does not know it).
+func TestRLSLimitOverride(t *testing.T) {
+	_, cl, _ := start(t)
+	d := desc(nil, "colour", "red") // no policy limit
+	d.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100, Unit: typev3.RateLimitUnit_SECOND}
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{d}}
+	ok := 0
+	for range 30 {
+		resp, err := cl.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+			ok++
+		}
+		if cl := resp.Statuses[0].CurrentLimit; cl.GetRequestsPerUnit() != 100 {
+			t.Fatalf("current_limit %v, want the override's 100/s", cl)
+		}
+	}
+	// One region, safe share 10 %: 10/s with a burst of 10 (and one more
+	// token if the calls took over 100 ms).
+	if ok < 10 || ok > 11 {
+		t.Errorf("admitted %d under the override at the safe share, want the burst of 10", ok)
+	}
+	bad := desc(nil, "colour", "red")
+	bad.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_SECOND}
+	if _, err := cl.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{bad}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("zero override: %v, want InvalidArgument", err)
 	}
 }
