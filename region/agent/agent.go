@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -613,7 +614,10 @@ func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	errc := make(chan error, 2)
 	var gs *grpc.Server
 	if grpcLis != nil {
-		opts := []grpc.ServerOption{grpc.UnaryInterceptor(a.authUnary)}
+		opts := []grpc.ServerOption{grpc.UnaryInterceptor(a.authUnary),
+			// A fixed pool of stream workers instead of a goroutine per RPC,
+			// and write buffers shared between connections.
+			grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true)}
 		if a.tls != nil {
 			opts = append(opts, grpc.Creds(credentials.NewTLS(a.tls)))
 		}
