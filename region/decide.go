@@ -27,6 +27,15 @@ type Match struct {
 
 	entry   *entry
 	decided bool
+	closed  bool // denied by failure_mode closed while the store failed
+}
+
+// Denied reports whether this limit itself denied the request: its own
+// result was a denial (not merely uncharged because another limit of a
+// composite denied), or the store failed and its failure mode closed it.
+func (m *Match) Denied() bool {
+	r := &m.Result
+	return m.closed || (!r.Allowed && (r.TooLarge || r.RetryAfter > 0 || r.Limit.IsZero()))
 }
 
 // Decision is the workspace and outcome of one request. Reuse one per
@@ -285,7 +294,7 @@ func (n *Node) scheduleRow(rule *Rule, r *row) gcra.Schedule {
 		// The table was computed for another limit (a policy rollout in
 		// progress): run at the safe share until they agree.
 		n.reduced.Add(1)
-		sch := n.reduce(r, r.applied).sched
+		sch := n.reduce(r, r.sched.Current.Effective).sched
 		sch.Current.Limit = minLimit(sch.Current.Limit, SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions)))
 		return sch
 	}
@@ -402,6 +411,7 @@ func (n *Node) fallback(now int64, d *Decision) {
 		d.Result = gcra.Result{}
 		for i := range ms {
 			ms[i].Result = gcra.Result{Limit: ms[i].Schedule.Current.Limit}
+			ms[i].closed = ms[i].Rule.FailureMode == FailClosed
 		}
 		return
 	case FailOpen:
@@ -427,7 +437,12 @@ func (n *Node) fallback(now int64, d *Decision) {
 		var st gcra.State
 		if e := ms[i].entry; e != nil {
 			st = e.local
-		} // an untracked key starts full each time: bounded by MaxKeys overflow
+		} else {
+			// An untracked key (beyond MaxKeys) has no local state to keep:
+			// starting full each time would admit without bound, so it is
+			// denied while the store fails.
+			l = gcra.Limit{}
+		}
 		d.checks = append(d.checks, gcra.Check{Key: ms[i].Key, Schedule: gcra.Steady(l), Cost: ms[i].Cost})
 		d.states = append(d.states, st)
 	}
@@ -590,7 +605,7 @@ func (n *Node) DecidePrepared(ctx context.Context, now int64, p *Prepared, cost 
 		d := &p.d
 		d.Allowed, d.Result, d.Fallback, d.FallbackMode, d.ShadowDenied = d.enforced == 0, gcra.Result{}, false, 0, false
 		for i := range d.Matches {
-			d.Matches[i].Result, d.Matches[i].decided = gcra.Result{}, false
+			d.Matches[i].Result, d.Matches[i].decided, d.Matches[i].closed = gcra.Result{}, false, false
 		}
 	}
 	n.Execute(ctx, now, &p.d)
@@ -681,7 +696,10 @@ func (n *Node) noteDenials(now int64, ms []Match) {
 			m.entry.deny.Store(nil) // this admission moved the TAT on
 			continue
 		}
-		if m.entry == nil || r.Allowed || r.TooLarge || r.RetryAfter <= 0 || !steadyAt(&m.Schedule, now) {
+		// Only a denial the store decided under the current limit: near a
+		// switch the store's clock (Redis TIME) may still be on the
+		// previous one.
+		if m.entry == nil || r.Allowed || r.TooLarge || r.RetryAfter <= 0 || !steadyAt(&m.Schedule, now) || r.Limit != m.Schedule.Current.Limit {
 			continue
 		}
 		l := &m.Schedule.Current.Limit
@@ -807,7 +825,12 @@ func (n *Node) leased(ctx context.Context, now int64, d *Decision, m *Match) boo
 	m.Cost = cost + units
 	r, err := n.run(ctx, d, d.Matches[:1], 0)
 	m.Cost = cost
-	if err != nil || !r.Allowed {
+	if err != nil {
+		n.storeErrors.Add(1)
+		n.fallback(now, d)
+		return true
+	}
+	if !r.Allowed {
 		return false // decide the request alone
 	}
 	n.leaseTakes.Add(1)

@@ -75,13 +75,20 @@ func (in *interner) get(name []byte, tag string, tagged, global bool) *entry {
 	sh.mu.RLock()
 	e := sh.m[string(name)]
 	sh.mu.RUnlock()
-	if e != nil {
+	if e != nil && e.matches(tag, tagged, global) {
 		return e
 	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e := sh.m[string(name)]; e != nil {
-		return e
+		if e.matches(tag, tagged, global) {
+			return e
+		}
+		// A reload changed the key's hash tag or scope: retire the old
+		// entry (its recorders follow to the new one) and intern afresh.
+		e.dead = true
+		delete(sh.m, e.name)
+		in.n.Add(-1)
 	}
 	if in.n.Load() >= in.max {
 		return nil
@@ -94,6 +101,15 @@ func (in *interner) get(name []byte, tag string, tagged, global bool) *entry {
 	sh.m[s] = e
 	in.n.Add(1)
 	return e
+}
+
+// matches reports whether e was interned with this tag and scope.
+func (e *entry) matches(tag string, tagged, global bool) bool {
+	want := ""
+	if tagged {
+		want = tag
+	}
+	return e.key.Tag == want && e.global == global
 }
 
 // record adds one outcome to e's counters, following e to its replacement

@@ -69,6 +69,10 @@ type Config struct {
 	// MaxKeys caps the keys tracked for demand and local fallback; a key
 	// beyond it is still decided, and counted as overflow.
 	MaxKeys int
+	// MaxSkew bounds the difference between this node's clock and the
+	// store's: a table counts as in force (reports acknowledge it) only
+	// MaxSkew after its effective time. It must match the coordinator's.
+	MaxSkew time.Duration
 	// DenyCache answers requests still denied against the TAT a denial
 	// returned without a store call (exact under GCRA; the shell's clock
 	// must be monotonic). Counted in Stats.DenyCacheHits.
@@ -81,11 +85,12 @@ func DefaultConfig(region, agent string, regions ...string) Config {
 		Region:       region,
 		Agent:        agent,
 		Regions:      regions,
-		Interval:     5 * time.Second, // the coordinator's default Δ
-		SafeFraction: 0.1,             // ARCHITECTURE.md: 10 % of the budget split equally
-		Agents:       1,               // one agent per region unless told
-		MaxKeys:      1 << 20,         // ~200 B each: about 200 MiB at the cap
-		DenyCache:    true,            // exact, and spares Redis the hottest denied keys
+		Interval:     5 * time.Second,        // the coordinator's default Δ
+		SafeFraction: 0.1,                    // ARCHITECTURE.md: 10 % of the budget split equally
+		Agents:       1,                      // one agent per region unless told
+		MaxKeys:      1 << 20,                // ~200 B each: about 200 MiB at the cap
+		DenyCache:    true,                   // exact, and spares Redis the hottest denied keys
+		MaxSkew:      500 * time.Millisecond, // the coordinator's default
 	}
 }
 
@@ -112,6 +117,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Agents < 1 {
 		errs = append(errs, fmt.Errorf("region: Agents %d: must be at least 1", c.Agents))
+	}
+	if c.MaxSkew < 0 {
+		errs = append(errs, fmt.Errorf("region: MaxSkew %s: must not be negative", c.MaxSkew))
 	}
 	if c.MaxKeys < 1 {
 		errs = append(errs, fmt.Errorf("region: MaxKeys %d: must be at least 1", c.MaxKeys))
@@ -176,7 +184,7 @@ type Node struct {
 	open        int64 // index of the open report interval
 	started     bool
 	leaseExpiry atomic.Int64 // read by Reserve on the hot path
-	regressions int64
+	regressions atomic.Int64
 }
 
 // snapshot is what the hot path reads: immutable once published.
@@ -217,7 +225,6 @@ type row struct {
 	sub     uint64 // epoch slot within the version: even runs the table, odd runs reduced
 	budget  gcra.Limit
 	sched   gcra.Schedule
-	applied int64 // when the row's table was applied (µs): a policy mismatch reduces from then
 }
 
 // NewNode returns a Node deciding with store under policy, with no table:
@@ -263,7 +270,7 @@ func (n *Node) Stats() Stats {
 		Decisions: n.decisions.Load(), Peeks: n.peeks.Load(), StoreErrors: n.storeErrors.Load(),
 		FallbackOpen: n.fbOpen.Load(), FallbackClosed: n.fbClosed.Load(), FallbackLocal: n.fbLocal.Load(),
 		ShadowDenied: n.shadowDenied.Load(), Overflow: n.overflow.Load(), Reduced: n.reduced.Load(),
-		Regressions: n.regressions, DenyCacheHits: n.denyHits.Load(),
+		Regressions: n.regressions.Load(), DenyCacheHits: n.denyHits.Load(),
 		LeaseHits: n.leaseHits.Load(), LeaseTakes: n.leaseTakes.Load(), LeaseStranded: n.leaseStranded.Load(),
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -849,5 +850,28 @@ domains:
 	}
 	if n.Stats().LeaseTakes != before {
 		t.Error("a low limit was leased")
+	}
+}
+
+// A reload that gives a domain a hash tag re-interns its live keys with it
+// (a stale tag would put this agent's keys in another Redis bucket).
+func TestNodeReloadRetagsKeys(t *testing.T) {
+	const t0 = int64(1_700_000_000_000_000)
+	ms, err := memstore.New(memstore.Config{Clock: func() int64 { return t0 }, Shards: 1, MaxKeys: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	untagged := strings.Replace(testPolicy, "    hash_tag: tenant\n", "", 1)
+	n, err := NewNode(DefaultConfig("eu", "eu-1", regions...), mustPolicy(t, untagged), ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d Decision
+	if err := n.Decide(context.Background(), t0, req(1, tenant("acme")), &d); err != nil || d.Matches[0].Key.Tag != "" {
+		t.Fatalf("untagged: %+v %v", d.Matches, err)
+	}
+	n.SetPolicy(mustPolicy(t, testPolicy))
+	if err := n.Decide(context.Background(), t0, req(1, tenant("acme")), &d); err != nil || d.Matches[0].Key.Tag != "acme" {
+		t.Errorf("after the reload the key is %+v (%v), want tag acme", d.Matches[0].Key, err)
 	}
 }

@@ -160,13 +160,13 @@ func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 	v := ks.Version
 	switch {
 	case o != nil && v < o.version:
-		n.regressions++
+		n.regressions.Add(1)
 		return o
 	case o != nil && v == o.version && (o.sub%2 == 0 || o.sub == 3) && o.budget == ks.Budget:
 		// Unchanged (or reduced twice: it stays until the version moves).
 		return o
 	}
-	nr := &row{version: v, budget: ks.Budget, applied: now}
+	nr := &row{version: v, budget: ks.Budget}
 	switch {
 	case o == nil:
 		prev := gcra.Version{Limit: SafeLimit(ks.Budget, n.safe, len(n.cfg.Regions)), Epoch: coldEpoch}
@@ -203,11 +203,16 @@ func (n *Node) reduce(o *row, now int64) row {
 }
 
 // lapse runs every key at min(last share, safe share) from now on.
+//
+// The reduction takes effect at the lease's expiry, the same instant for
+// every agent of the region (they share the key's state and its epoch), or
+// at a pending change's effective time if that is later.
 func (n *Node) lapse(now int64) {
 	old := n.snap.Load()
+	at := n.leaseExpiry.Load()
 	rs := rowSet{index: old.rows.index, names: old.rows.names, rows: make([]*row, len(old.rows.rows))}
 	for i, o := range old.rows.rows {
-		nr := n.reduce(o, now)
+		nr := n.reduce(o, max(at, o.sched.Current.Effective))
 		rs.rows[i] = &nr
 	}
 	s := *old
@@ -221,7 +226,10 @@ func (n *Node) lapse(now int64) {
 // Call it on the Tick/Apply goroutine.
 func (n *Node) InForce(now int64) (term, epoch uint64) {
 	s := n.snap.Load()
-	if now < s.effective {
+	// The store switches on its own clock (Redis TIME): only once the
+	// effective time has passed by more than the skew allowed is the table
+	// surely in force there.
+	if now < s.effective+n.cfg.MaxSkew.Microseconds() {
 		return s.prevTerm, s.prevEpoch
 	}
 	return s.term, s.epoch

@@ -420,6 +420,7 @@ func (r *Run) buildRegions() error {
 			ncfg.Interval = cfg.Interval
 			ncfg.Agents = rg.Agents
 			ncfg.SafeFraction = cfg.SafeFraction
+			ncfg.MaxSkew = cfg.MaxSkew
 			n, err := region.NewNode(ncfg, r.policy, &st.fail)
 			if err != nil {
 				return err

@@ -99,9 +99,9 @@ func TestAnalyticFullEvenSpread(t *testing.T) {
 }
 
 func TestAnalyticProportionalStationary(t *testing.T) {
-	// No reservations or local leases in the simulator, so no fence is
-	// needed between a decrease and its increase.
-	rep := sweep(t, analytic(t, 0.6, "fence: 1ms\n"), Options{Strategies: []string{"proportional"}, Intervals: []time.Duration{time.Second}})
+	// No reservations or local leases here, so no fence is needed between
+	// a decrease and its increase; no clock skew, so no skew margin.
+	rep := sweep(t, analytic(t, 0.6, "fence: 1ms\nmax_skew: 1ms\n"), Options{Strategies: []string{"proportional"}, Intervals: []time.Duration{time.Second}})
 	r := rep.Runs[0]
 	dev := math.Abs(float64(r.Admitted-r.OracleAdmitted)) / float64(r.OracleAdmitted)
 	if dev > 0.01 {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/bits"
 	"net"
 	"net/http"
 	"os"
@@ -462,8 +463,7 @@ func rlsStatus(m *region.Match) *rlsv3.RateLimitResponse_DescriptorStatus {
 // have admitted, in a composite another limit denied, is reported OK with
 // its untouched state (it was not charged); shadow limits never deny.
 func over(m *region.Match) bool {
-	r := &m.Result
-	return !m.Rule.Shadow && !r.Allowed && (r.TooLarge || r.RetryAfter > 0 || r.Limit.IsZero())
+	return !m.Rule.Shadow && m.Denied()
 }
 
 // currentLimit expresses a limit in RLS units: its rate per its period when
@@ -486,8 +486,15 @@ func currentLimit(l gcra.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	}
 	for _, u := range units {
 		if period <= u.d {
-			n := events * int64(u.d) / int64(period)
-			return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(min(n, math.MaxUint32)), Unit: u.u}
+			// events · (u.d / period) without overflow: 128-bit product.
+			hi, lo := bits.Mul64(uint64(events), uint64(u.d))
+			n := uint64(math.MaxUint32)
+			if hi < uint64(period) {
+				if q, _ := bits.Div64(hi, lo, uint64(period)); q < n {
+					n = q
+				}
+			}
+			return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(n), Unit: u.u}
 		}
 	}
 	return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(min(events, math.MaxUint32)), Unit: rlsv3.RateLimitResponse_RateLimit_DAY}

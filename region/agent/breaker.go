@@ -101,10 +101,17 @@ func (b *Breaker) allow() bool {
 	return true
 }
 
-// done records a call's outcome.
-func (b *Breaker) done(err error) {
+// done records a call's outcome. A call that ended because its caller gave
+// up (the context), or that the store refused as bad input, says nothing
+// about the store's health: it neither opens nor closes the breaker.
+func (b *Breaker) done(ctx context.Context, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if err != nil && (ctx.Err() != nil || errors.Is(err, gcra.ErrInvalidLimit) || errors.Is(err, gcra.ErrKeyTooLong) ||
+		errors.Is(err, gcra.ErrEmptyKey) || errors.Is(err, gcra.ErrNegativeCost) || errors.Is(err, gcra.ErrTooManyChecks)) {
+		b.probing = false
+		return
+	}
 	if err == nil {
 		b.fails, b.probing = 0, false
 		if b.open {
@@ -128,17 +135,18 @@ func (b *Breaker) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra
 	if !b.allow() {
 		return gcra.Result{}, ErrBreakerOpen
 	}
-	ctx, span := b.tracer.Start(ctx, "meridian.store.DecideAll", trace.WithSpanKind(trace.SpanKindClient),
+	sctx, span := b.tracer.Start(ctx, "meridian.store.DecideAll", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.Int("meridian.checks", len(checks))))
+	var err error
+	defer func() { b.done(ctx, err) }() // even if the store panics
 	start := time.Now()
-	r, err := b.store.DecideAll(ctx, checks, out)
+	r, err := b.store.DecideAll(sctx, checks, out)
 	b.latency.Observe(time.Since(start).Seconds())
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "store failed")
 	}
 	span.End()
-	b.done(err)
 	return r, err
 }
 
@@ -151,8 +159,9 @@ func (b *Breaker) Reserve(ctx context.Context, k gcra.Key, s gcra.Schedule, cost
 	if !b.allow() {
 		return gcra.Result{}, ErrBreakerOpen
 	}
+	var err error
+	defer func() { b.done(ctx, err) }()
 	r, err := rs.Reserve(ctx, k, s, cost, maxWait)
-	b.done(err)
 	return r, err
 }
 

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gcra/redisstore"
 	"github.com/meridian-quota/meridian/internal/regiontest"
 	"github.com/meridian-quota/meridian/internal/testenv"
@@ -99,6 +100,9 @@ func TestRedisFailureModesAndBreaker(t *testing.T) {
 			Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, mode, "x")}})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if resp.Statuses[0].Code != resp.OverallCode {
+			t.Errorf("%s: descriptor status %v, overall %v: the status must say which limit denied", mode, resp.Statuses[0].Code, resp.OverallCode)
 		}
 		return resp.OverallCode
 	}
@@ -189,5 +193,45 @@ func TestTracingSpans(t *testing.T) {
 	store, rls := spans[0], spans[1]
 	if rls.Name() != "meridian.rls.ShouldRateLimit" || store.Name() != "meridian.store.DecideAll" || store.Parent().SpanID() != rls.SpanContext().SpanID() {
 		t.Errorf("spans %q (parent %v) and %q (%v)", store.Name(), store.Parent().SpanID(), rls.Name(), rls.SpanContext().SpanID())
+	}
+}
+
+func TestCurrentLimitLargeRates(t *testing.T) {
+	for _, tt := range []struct {
+		give gcra.Limit
+		n    uint32
+		unit rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{gcra.PerHour(3_000_000, 1000), 3_000_000, rlsv3.RateLimitResponse_RateLimit_HOUR},
+		{gcra.New(1_000_000, 24*time.Hour, 1000), 1_000_000, rlsv3.RateLimitResponse_RateLimit_DAY},
+		{gcra.New(5, 10*time.Second, 5), 30, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+		{gcra.PerSecond(1000, 100), 1000, rlsv3.RateLimitResponse_RateLimit_SECOND},
+	} {
+		if got := currentLimit(tt.give); got.RequestsPerUnit != tt.n || got.Unit != tt.unit {
+			t.Errorf("currentLimit(%v) = %v, want %d per %v", tt.give, got, tt.n, tt.unit)
+		}
+	}
+}
+
+// ctxStore fails every call with the caller's context error.
+type ctxStore struct{}
+
+func (ctxStore) DecideAll(ctx context.Context, _ []gcra.Check, _ []gcra.Result) (gcra.Result, error) {
+	return gcra.Result{}, ctx.Err()
+}
+
+// Callers that give up must not open the breaker for everyone.
+func TestBreakerIgnoresCancelledCallers(t *testing.T) {
+	br, err := NewBreaker(BreakerConfig{Failures: 2, Cooldown: Duration(time.Minute)}, ctxStore{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 10 {
+		_, _ = br.DecideAll(ctx, nil, nil)
+	}
+	if br.Open() {
+		t.Error("cancelled callers opened the breaker")
 	}
 }

@@ -110,7 +110,7 @@ type KeyView struct {
 }
 
 func (a *Agent) handleKey(rw http.ResponseWriter, r *http.Request) {
-	name := strings.TrimPrefix(r.URL.EscapedPath(), "/v1/keys/")
+	name := strings.TrimPrefix(r.URL.Path, "/v1/keys/")
 	domain, entries, err := region.ParseKeyName(name)
 	if err != nil {
 		a.badHTTP(rw, err.Error())

@@ -41,8 +41,21 @@ type Client struct {
 
 var defaultHTTP = &http.Client{Timeout: 100 * time.Millisecond}
 
-// ErrAgent wraps failures to get an answer from the agent.
+// ErrAgent wraps failures to get an answer from the agent: unreachable, or
+// a 5xx answer.
 var ErrAgent = errors.New("client: agent unavailable")
+
+// RequestError is a 4xx answer: the agent refused the request (malformed
+// descriptors, missing credentials). Failing open on it would let a client
+// skip the limit at will, so the middleware never does.
+type RequestError struct {
+	Status  int
+	Message string
+}
+
+func (e *RequestError) Error() string {
+	return fmt.Sprintf("client: agent refused the request: %d %s", e.Status, e.Message)
+}
 
 // Decide asks the agent to decide req.
 func (c *Client) Decide(ctx context.Context, req *api.DecideRequest) (*api.DecideResponse, error) {
@@ -86,6 +99,9 @@ func (c *Client) post(ctx context.Context, path string, in, out any) error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		if resp.StatusCode >= 400 && resp.StatusCode < 500 {
+			return &RequestError{Status: resp.StatusCode, Message: strings.TrimSpace(string(msg))}
+		}
 		return fmt.Errorf("%w: %s: %s", ErrAgent, resp.Status, strings.TrimSpace(string(msg)))
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out); err != nil {
@@ -101,8 +117,9 @@ type Options struct {
 	// Describe returns a request's descriptors (e.g. tenant from a header,
 	// route from the path). No descriptors: the request is not limited.
 	Describe func(*http.Request) []api.DescriptorIn
-	// FailOpen lets requests through when the agent cannot answer; false
-	// answers 503.
+	// FailOpen lets requests through when the agent cannot answer
+	// (unreachable or 5xx); false answers 503. A 4xx from the agent never
+	// fails open.
 	FailOpen bool
 }
 
@@ -116,6 +133,20 @@ func Middleware(c *Client, o Options) func(http.Handler) http.Handler {
 				return
 			}
 			resp, err := c.Decide(r.Context(), &api.DecideRequest{Domain: o.Domain, Descriptors: ds})
+			var re *RequestError
+			switch {
+			case errors.As(err, &re) && re.Status == http.StatusBadRequest:
+				// The descriptors this request produced are malformed (a
+				// value too long, say): the request's fault, never a pass.
+				problem(rw, http.StatusBadRequest, "Bad Request", "The request cannot be rate limited as sent.", 0)
+				return
+			case re != nil:
+				// Credentials or configuration: the gateway's fault; refuse
+				// rather than let traffic through unlimited.
+				problem(rw, http.StatusServiceUnavailable, "Rate limiter refused the gateway",
+					"The rate limiting service refused this gateway's request; try again later.", 1)
+				return
+			}
 			if err != nil {
 				if o.FailOpen {
 					next.ServeHTTP(rw, r)

@@ -114,3 +114,27 @@ func TestMiddlewareAgentDown(t *testing.T) {
 		}
 	}
 }
+
+// A 4xx from the agent never fails open: a client must not skip its limit
+// by sending a descriptor the agent refuses.
+func TestMiddlewareNeverFailsOpenOn4xx(t *testing.T) {
+	c := &client.Client{BaseURL: agentURL(t)}
+	h := client.Middleware(c, client.Options{Domain: "api", FailOpen: true, Describe: byTenant})(
+		http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {}))
+	rec := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodGet, "/x", nil)
+	r.Header.Set("X-Tenant", strings.Repeat("x", 300)) // above the agent's 256-byte value limit
+	h.ServeHTTP(rec, r)
+	if rec.Code != http.StatusBadRequest {
+		t.Errorf("oversized descriptor with FailOpen: %d, want 400", rec.Code)
+	}
+	bad := client.Middleware(&client.Client{BaseURL: c.BaseURL + "/nowhere"}, client.Options{Domain: "api", FailOpen: true, Describe: byTenant})(
+		http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {}))
+	rec = httptest.NewRecorder()
+	r = httptest.NewRequest(http.MethodGet, "/x", nil)
+	r.Header.Set("X-Tenant", "acme")
+	bad.ServeHTTP(rec, r)
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("agent answering 404 with FailOpen: %d, want 503", rec.Code)
+	}
+}
