@@ -1,0 +1,46 @@
+// Package agent is the shell a region runs beside its gateways: it serves
+// the region.Node's decisions over Envoy RLS v3 (gRPC) and a JSON API
+// (HTTP), and owns what the pure core must not — listeners, the clock,
+// tickers, configuration files, credentials, metrics and traces.
+//
+// # Model
+//
+// Every decision is the node's (region.Node): the agent maps an RLS or
+// JSON request onto a region.Request, calls Node.Decide (or Reserve) with
+// its own monotonic clock, and maps the answer back — one status per
+// descriptor in request order, current_limit the global limit the key was
+// sold, limit_remaining what this region will still admit now,
+// duration_until_reset the reset when OK and the retry-after when over
+// (ARCHITECTURE.md, "Interfaces to the outside"). The store the node
+// decides on is wrapped in a Breaker, so that while Redis fails each
+// limit's failure_mode decides at once.
+//
+// # Life cycle
+//
+//	cfg, _ := agent.LoadConfig("agent.yaml")      // validated, every problem at once
+//	br, _ := agent.NewBreaker(cfg.Breaker, store) // store: gcra/redisstore, wired by cmd
+//	node, _ := region.NewNode(ncfg, policy, br)
+//	a, _ := agent.New(*cfg, node, log, br.Collectors()...)
+//	err := a.Run(ctx, grpcListener, httpListener) // until ctx ends, then drains
+//
+// Run serves both listeners (TLS or mutual TLS when configured), ticks the
+// node every 100 ms (demand reports, lease lapses), reloads the policy when
+// its file changes or RequestReload is called (SIGHUP in cmd), and logs
+// fallback decisions at most once a second. When ctx ends it fails
+// readiness, stops accepting and finishes in-flight requests.
+//
+// # Endpoints
+//
+// gRPC: envoy.service.ratelimit.v3.RateLimitService and grpc.health.v1.
+// HTTP: POST /v1/decide, POST /v1/reserve, GET /v1/table, GET
+// /v1/keys/{key}, /healthz, /readyz, /metrics. With bearer tokens
+// configured, RLS and /v1/* require "authorization: Bearer <token>"; health
+// and metrics stay open. The JSON types live in region/agent/api.
+//
+// # Concurrency
+//
+// ShouldRateLimit and the HTTP handlers are safe for many goroutines and
+// share pooled scratch space; Run owns the node's Tick and Apply and the
+// reloads. Metrics are registered on the agent's own registry, every
+// series created at start-up.
+package agent
