@@ -73,6 +73,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	a.SetStoreCheck(func(ctx context.Context) error { return client.Ping(ctx).Err() })
 	if t := cfg.Tracing; t.OTLPEndpoint != "" {
 		opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(t.OTLPEndpoint)}
 		if t.Insecure {

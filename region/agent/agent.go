@@ -66,12 +66,13 @@ type Agent struct {
 	reloads   *prometheus.CounterVec
 	denied    prometheus.Counter
 
-	reloadMu sync.Mutex  // serializes Reload
-	tokens   [][]byte    // bearer tokens; none: no authentication
-	tls      *tls.Config // nil: plaintext
-	tracer   trace.Tracer
-	reloadCh chan struct{} // RequestReload → the Run loop
-	policyAt fileStamp     // the policy file as last loaded
+	reloadMu   sync.Mutex                      // serializes Reload
+	storeCheck func(ctx context.Context) error // readiness: does the store answer?
+	tokens     [][]byte                        // bearer tokens; none: no authentication
+	tls        *tls.Config                     // nil: plaintext
+	tracer     trace.Tracer
+	reloadCh   chan struct{} // RequestReload → the Run loop
+	policyAt   fileStamp     // the policy file as last loaded
 }
 
 // fileStamp identifies a version of a file for polling.
@@ -276,6 +277,12 @@ func (a *Agent) Reload() error {
 	a.log.Error("policy reload rejected; the old policy stays", "file", a.cfg.Policy, "err", err)
 	return err
 }
+
+// SetStoreCheck makes /readyz answer ready only while check succeeds (cmd
+// passes a Redis PING). The node always has a share in force — the safe
+// share before the first table — so the store is what readiness waits for.
+// Call it before Run.
+func (a *Agent) SetStoreCheck(check func(ctx context.Context) error) { a.storeCheck = check }
 
 // SetTracerProvider makes the agent trace each decision with tp (spans at
 // the request and, through a Breaker given the same provider, at each store
@@ -597,10 +604,19 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/table", a.authHTTP(a.handleTable))
 	mux.HandleFunc("GET /v1/keys/", a.authHTTP(a.handleKey))
 	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })
-	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, r *http.Request) {
 		if !a.ready.Load() {
-			http.Error(rw, "not ready", http.StatusServiceUnavailable)
+			http.Error(rw, "not ready: draining", http.StatusServiceUnavailable)
 			return
+		}
+		if check := a.storeCheck; check != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+			err := check(ctx)
+			cancel()
+			if err != nil {
+				http.Error(rw, "not ready: the store does not answer", http.StatusServiceUnavailable)
+				return
+			}
 		}
 		_, _ = rw.Write([]byte("ready\n"))
 	})

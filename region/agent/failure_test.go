@@ -111,8 +111,25 @@ func TestRedisFailureModesAndBreaker(t *testing.T) {
 			t.Fatalf("%s with Redis up: %v", m, got)
 		}
 	}
+	a.SetStoreCheck(func(ctx context.Context) error { return c.Ping(ctx).Err() })
+	hs0 := httptest.NewServer(a.Handler())
+	defer hs0.Close()
+	ready := func() int {
+		resp, err := http.Get(hs0.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := ready(); got != 200 {
+		t.Errorf("/readyz with Redis up: %d", got)
+	}
 	if err := srv.Pause(); err != nil {
 		t.Fatal(err)
+	}
+	if got := ready(); got != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with Redis paused: %d, want 503", got)
 	}
 	want := map[string]rlsv3.RateLimitResponse_Code{"closed": rlsv3.RateLimitResponse_OVER_LIMIT,
 		"open": rlsv3.RateLimitResponse_OK, "local": rlsv3.RateLimitResponse_OK}
