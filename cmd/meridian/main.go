@@ -27,7 +27,7 @@ type command struct {
 var commands = []command{
 	{"agent", "run a region's agent: Envoy RLS v3 and a JSON API deciding on the region's Redis", runAgent},
 	{"gcra", "print the decision trace of a GCRA limit for a pattern of arrivals", runGCRA},
-	{"bench", "benchmarks: `bench redis` compares the Redis store with redis_rate and a plain EVALSHA", runBench},
+	{"bench", "benchmarks: `bench redis` (the Redis store beside redis_rate), `bench agent` (RLS servers), `bench noop-rls`", runBench},
 	{"sim", "simulate a scenario for every strategy and interval against the ideal global limiter", runSim},
 	{"version", "print the version", runVersion},
 }
