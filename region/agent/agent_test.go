@@ -78,6 +78,16 @@ func startWith(t *testing.T, edit func(*Config)) (*Agent, rlsv3.RateLimitService
 	if cfg.TLS.Enabled() {
 		return a, nil, "" // the caller runs it on its own TLS listeners
 	}
+	cl := serveRLS(t, a)
+	srv := httptest.NewServer(a.Handler())
+	t.Cleanup(srv.Close)
+	return a, cl, srv.URL
+}
+
+// serveRLS runs a until the test ends, serving RLS on a loopback port, and
+// returns a client of it.
+func serveRLS(t testing.TB, a *Agent) rlsv3.RateLimitServiceClient {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -96,9 +106,7 @@ func startWith(t *testing.T, edit func(*Config)) (*Agent, rlsv3.RateLimitService
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	srv := httptest.NewServer(a.Handler())
-	t.Cleanup(srv.Close)
-	return a, rlsv3.NewRateLimitServiceClient(conn), srv.URL
+	return rlsv3.NewRateLimitServiceClient(conn)
 }
 
 // giveAll applies a table giving eu the whole budget of each key.

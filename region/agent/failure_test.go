@@ -3,7 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,8 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gcra/redisstore"
@@ -80,20 +77,7 @@ func TestRedisFailureModesAndBreaker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, lis, nil) }()
-	t.Cleanup(func() { cancel(); <-done })
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	cl := rlsv3.NewRateLimitServiceClient(conn)
+	cl := serveRLS(t, a)
 	decide := func(mode string) rlsv3.RateLimitResponse_Code {
 		t.Helper()
 		resp, err := cl.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "f",
