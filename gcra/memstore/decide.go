@@ -59,16 +59,7 @@ func (b *binding) Decide(ctx context.Context, sch *gcra.Schedule, cost int64) (g
 	if cost < 0 {
 		return gcra.Result{}, wrap(gcra.ErrNegativeCost)
 	}
-	sh := b.h.e.sh
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	now := b.s.clock()
-	sh.observe(now)
-	e, err := sh.live(b.h.e)
-	if err != nil {
-		return gcra.Result{}, err
-	}
-	return sh.decide(e, now, sch, cost)
+	return b.s.decideOnClock(b.h.e.sh, b.h.e, gcra.Key{}, sch, cost)
 }
 
 // ReserveAt books the next slot for a request of the given cost for h's key
@@ -120,16 +111,26 @@ func (s *Store) Decide(ctx context.Context, k gcra.Key, sch gcra.Schedule, cost 
 	if cost < 0 {
 		return gcra.Result{}, wrap(gcra.ErrNegativeCost)
 	}
-	sh := s.shardFor(k)
+	return s.decideOnClock(s.shardFor(k), nil, k, &sch, cost)
+}
+
+// decideOnClock decides on the store's clock, read under the shard's lock:
+// on e (a bound key; revived if evicted) or, when e is nil, on k.
+func (s *Store) decideOnClock(sh *shard, e *entry, k gcra.Key, sch *gcra.Schedule, cost int64) (gcra.Result, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := s.clock()
 	sh.observe(now)
-	e, err := sh.find(k)
+	var err error
+	if e != nil {
+		e, err = sh.live(e)
+	} else {
+		e, err = sh.find(k)
+	}
 	if err != nil {
 		return gcra.Result{}, err
 	}
-	return sh.decide(e, now, &sch, cost)
+	return sh.decide(e, now, sch, cost)
 }
 
 // Reserve implements gcra.Store: ReserveAt on k at Config.Clock's now, with

@@ -538,17 +538,21 @@ func rlsOf(in *DecideRequest) *rlsv3.RateLimitRequest {
 // maxBody bounds a JSON request body.
 const maxBody = 1 << 20
 
-func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		http.Error(rw, "POST only", http.StatusMethodNotAllowed)
-		return
-	}
-	var in DecideRequest
+// decodeBody reads a JSON request body into v (bounded, unknown fields
+// refused), answering 400 itself when it cannot.
+func (a *Agent) decodeBody(rw http.ResponseWriter, r *http.Request, what string, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(rw, r.Body, maxBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		a.errors.Inc()
-		http.Error(rw, "decide: "+err.Error(), http.StatusBadRequest)
+	if err := dec.Decode(v); err != nil {
+		a.badHTTP(rw, what+": "+err.Error())
+		return false
+	}
+	return true
+}
+
+func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
+	var in DecideRequest
+	if !a.decodeBody(rw, r, "decide", &in) {
 		return
 	}
 	w := a.pool.Get().(*work)
@@ -599,8 +603,8 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // /v1/table and /v1/keys/{key} (admin views), /healthz, /readyz, /metrics.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/decide", a.authHTTP(a.handleDecide))
-	mux.HandleFunc("/v1/reserve", a.authHTTP(a.handleReserve))
+	mux.HandleFunc("POST /v1/decide", a.authHTTP(a.handleDecide))
+	mux.HandleFunc("POST /v1/reserve", a.authHTTP(a.handleReserve))
 	mux.HandleFunc("GET /v1/table", a.authHTTP(a.handleTable))
 	mux.HandleFunc("GET /v1/keys/", a.authHTTP(a.handleKey))
 	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { _, _ = rw.Write([]byte("ok\n")) })

@@ -16,15 +16,8 @@ import (
 const maxReserveWait = time.Hour
 
 func (a *Agent) handleReserve(rw http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		http.Error(rw, "POST only", http.StatusMethodNotAllowed)
-		return
-	}
 	var in ReserveRequest
-	dec := json.NewDecoder(http.MaxBytesReader(rw, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		a.badHTTP(rw, "reserve: "+err.Error())
+	if !a.decodeBody(rw, r, "reserve", &in) {
 		return
 	}
 	wait := time.Duration(in.MaxWaitMs * float64(time.Millisecond))
