@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -19,6 +20,9 @@ import (
 	"github.com/meridian-quota/meridian/region"
 	"github.com/meridian-quota/meridian/region/agent"
 )
+
+// agentGCPercent is the agent's GOGC unless the environment sets one.
+const agentGCPercent = 400
 
 const agentSynopsis = `
 Run a region's agent beside its gateways: Envoy RLS v3 over gRPC and a JSON
@@ -39,6 +43,14 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg, err := agent.LoadConfig(*path)
 	if err != nil {
 		return err
+	}
+	if os.Getenv("GOGC") == "" {
+		// The agent's live heap is a few MB (interned keys, pooled
+		// buffers), so at Go's default GOGC=100 it collects many times a
+		// second under load. 400 trades a few more MB for a tenth less CPU
+		// per decision (measured: bench agent, 64 callers). GOGC in the
+		// environment wins.
+		debug.SetGCPercent(agentGCPercent)
 	}
 	data, err := os.ReadFile(cfg.Policy)
 	if err != nil {
