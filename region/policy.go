@@ -142,6 +142,29 @@ func (p *Policy) Version() string { return p.version }
 // not modify it.
 func (p *Policy) Rules() []*Rule { return p.rules }
 
+// Match returns the rule one descriptor of a request in domain resolves to,
+// as a request's descriptor would (nil when none applies). Safe for
+// concurrent use.
+func (p *Policy) Match(domain string, entries []Entry) *Rule {
+	dom := p.domains[domain]
+	if dom == nil {
+		return nil
+	}
+	return dom.match(entries)
+}
+
+// RuleForKey returns the rule that governs the key named name (a canonical
+// KeyName, as reports carry): the coordinator's way from a reported key to
+// its budget. A name that does not parse is an error; a key no rule matches
+// (an unknown domain, a policy that changed since) returns nil.
+func (p *Policy) RuleForKey(name string) (*Rule, error) {
+	domain, entries, err := ParseKeyName(name)
+	if err != nil {
+		return nil, err
+	}
+	return p.Match(domain, entries), nil
+}
+
 // The YAML shapes. Every field is decoded by hand from yaml.Node so that
 // each error carries its path and unknown fields are refused.
 type policyFile struct {

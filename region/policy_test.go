@@ -976,3 +976,46 @@ domains:
 		t.Errorf("route/tenant resolved to %v", r)
 	}
 }
+
+func TestRuleForKey(t *testing.T) {
+	p, err := ParsePolicy([]byte(`
+domains:
+  - domain: api
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: second, requests_per_unit: 100}
+        descriptors:
+          - key: route
+            value: /search
+            rate_limit: {unit: minute, requests_per_unit: 600}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		give     string
+		wantPath string // "" for no rule
+		wantErr  bool
+	}{
+		{give: KeyName("api", []Entry{{"tenant", "acme"}}), wantPath: "domains[0].descriptors[0]"},
+		{give: KeyName("api", []Entry{{"tenant", "acme"}, {"route", "/search"}}), wantPath: "domains[0].descriptors[0].descriptors[0]"},
+		{give: KeyName("api", []Entry{{"tenant", "acme"}, {"route", "/other"}})},
+		{give: KeyName("web", []Entry{{"tenant", "acme"}})},
+		{give: "api", wantErr: true},
+		{give: "api/tenant", wantErr: true},
+	}
+	for _, tt := range tests {
+		r, err := p.RuleForKey(tt.give)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("RuleForKey(%q) error = %v, want error %v", tt.give, err, tt.wantErr)
+			continue
+		}
+		got := ""
+		if r != nil {
+			got = r.Path
+		}
+		if got != tt.wantPath {
+			t.Errorf("RuleForKey(%q) = rule %q, want %q", tt.give, got, tt.wantPath)
+		}
+	}
+}

@@ -96,7 +96,7 @@ func TestCheck(t *testing.T) {
 		{
 			name: "a third party that merely shares a prefix",
 			give: goFile{path: "gossip/g.go", pkg: "gossip", imports: []string{"github.com/hashicorp/memberlist-fork", "github.com/hashicorp/memberlist"}},
-			want: []string{"gossip/g.go imports github.com/hashicorp/memberlist-fork: gossip may import only stdlib, gossip/wire, region, rebalance, github.com/hashicorp/memberlist, github.com/nats-io/nats.go/..., github.com/prometheus/..."},
+			want: []string{"gossip/g.go imports github.com/hashicorp/memberlist-fork: gossip may import only stdlib, gossip/wire, region, rebalance, gcra, github.com/hashicorp/memberlist, github.com/nats-io/nats.go/..., github.com/prometheus/..."},
 		},
 	}
 	for _, tt := range tests {

@@ -48,9 +48,11 @@ var rules = []rule{
 		"go.opentelemetry.io/...",
 	}, yaml)},
 	{pkg: "region/client", allow: []string{"region/agent/api/..."}},
-	{pkg: "gossip/wire", allow: []string{"rebalance", "region", "google.golang.org/protobuf/..."}},
+	// gcra too, like rebalance: a table's budgets and regional limits are
+	// gcra.Limit values, which the codec must rebuild.
+	{pkg: "gossip/wire", allow: []string{"gcra", "rebalance", "region", "google.golang.org/protobuf/..."}},
 	{pkg: "gossip", allow: []string{
-		"gossip/wire", "region", "rebalance",
+		"gossip/wire", "region", "rebalance", "gcra",
 		"github.com/hashicorp/memberlist",
 		"github.com/nats-io/nats.go/...",
 		"github.com/prometheus/...",

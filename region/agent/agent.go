@@ -39,6 +39,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/rebalance"
 	"github.com/meridian-quota/meridian/region"
 	"github.com/meridian-quota/meridian/region/agent/api"
 )
@@ -73,6 +74,7 @@ type Agent struct {
 	tracer     trace.Tracer
 	reloadCh   chan struct{} // RequestReload → the Run loop
 	policyAt   fileStamp     // the policy file as last loaded
+	ctrl       Control       // nil: standalone
 }
 
 // fileStamp identifies a version of a file for polling.
@@ -676,11 +678,18 @@ func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	}
 	var err error
 	last, lastLog := a.node.Stats(), time.Now()
+	var tables <-chan *rebalance.Table
+	if a.ctrl != nil {
+		tables = a.ctrl.Tables()
+	}
+	var ackTerm, ackEpoch uint64
 loop:
 	for {
 		select {
 		case <-ctx.Done():
 			break loop
+		case t := <-tables:
+			a.ctrl.Applied(t, a.node.Apply(t, a.now()))
 		case err = <-errc:
 			if err != nil {
 				break loop
@@ -702,8 +711,18 @@ loop:
 				}
 				last, lastLog = s, now
 			}
-			if rep := a.node.Tick(a.now()); rep != nil {
+			now := a.now()
+			if rep := a.node.Tick(now); rep != nil {
 				a.log.Debug("demand report", "interval", rep.Interval, "keys", len(rep.Keys))
+				if a.ctrl != nil {
+					a.ctrl.Report(rep)
+				}
+			}
+			if a.ctrl != nil {
+				if term, epoch := a.node.InForce(now); term != ackTerm || epoch != ackEpoch {
+					ackTerm, ackEpoch = term, epoch
+					a.ctrl.InForce(term, epoch)
+				}
 			}
 		}
 	}
@@ -717,6 +736,10 @@ loop:
 	if gs != nil {
 		gs.GracefulStop()
 	}
+	// In-flight requests are done: report what they saw.
+	dctx, cancel := context.WithTimeout(context.Background(), time.Duration(a.cfg.Interval)+2*time.Second)
+	a.drainReport(dctx)
+	cancel()
 	return err
 }
 

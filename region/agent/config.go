@@ -56,6 +56,9 @@ type Config struct {
 	// ReloadEvery is how often the policy file is checked for changes
 	// (SIGHUP reloads at once); 0 turns polling off.
 	ReloadEvery Duration `yaml:"reload_every"`
+	// Cluster joins the agent to its cluster (NATS, memberlist, the
+	// coordinator); absent, the agent runs standalone.
+	Cluster ClusterConfig `yaml:"cluster"`
 }
 
 // AuthConfig lists the bearer tokens callers must present
@@ -115,7 +118,10 @@ func LoadConfig(path string) (*Config, error) {
 	if c.Policy != "" && !filepath.IsAbs(c.Policy) {
 		c.Policy = filepath.Join(filepath.Dir(path), c.Policy)
 	}
-	for _, f := range []*string{&c.Auth.TokensFile, &c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.ClientCAFile} {
+	cl := &c.Cluster
+	for _, f := range []*string{&c.Auth.TokensFile, &c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.ClientCAFile,
+		&cl.NATS.CredsFile, &cl.NATS.NKeySeedFile, &cl.NATS.PasswordFile, &cl.NATS.TokenFile, &cl.NATS.CAFile,
+		&cl.NATS.CertFile, &cl.NATS.KeyFile, &cl.Members.KeyFile, &cl.Coordinator.SignKeyFile, &cl.Coordinator.VerifyKeysFile} {
 		if *f != "" && !filepath.IsAbs(*f) {
 			*f = filepath.Join(filepath.Dir(path), *f)
 		}
@@ -185,6 +191,7 @@ func (c *Config) Validate() error {
 	if c.ReloadEvery < 0 {
 		bad("reload_every", "%s: must not be negative", time.Duration(c.ReloadEvery))
 	}
+	c.Cluster.validate(bad)
 	if len(errs) == 0 {
 		return nil
 	}

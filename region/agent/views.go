@@ -71,6 +71,8 @@ type TableView struct {
 	Keys          int     `json:"keys"`
 	PolicyVersion string  `json:"policy_version"`
 	NowUs         int64   `json:"now_us"`
+	// Cluster is the coordinator link's view; absent when standalone.
+	Cluster *ControlStatus `json:"cluster,omitempty"`
 }
 
 func (a *Agent) handleTable(rw http.ResponseWriter, r *http.Request) {
@@ -81,6 +83,10 @@ func (a *Agent) handleTable(rw http.ResponseWriter, r *http.Request) {
 	v.InForceTerm, v.InForceEpoch = a.node.InForce(now)
 	if st.HasTable {
 		v.LeaseLeftMs = float64(st.LeaseExpiry-now) / 1000
+	}
+	if a.ctrl != nil {
+		cs := a.ctrl.Status()
+		v.Cluster = &cs
 	}
 	writeJSON(rw, v)
 }

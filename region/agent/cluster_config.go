@@ -1,0 +1,122 @@
+package agent
+
+import "time"
+
+// ClusterConfig joins the agent to its cluster: NATS for reports, acks and
+// tables, memberlist for liveness, and the coordinator election. The
+// section is optional: without a name the agent runs standalone, every key
+// at its region's safe share. Secrets (NATS credentials, the memberlist
+// keyring, the coordinator's signing key) are named by file or
+// environment variable, never written here, and never logged. cmd/meridian
+// turns this into package gossip's configurations, which validate the rest.
+type ClusterConfig struct {
+	// Name namespaces NATS subjects, KV keys and every wire message.
+	Name        string                   `yaml:"name"`
+	NATS        ClusterNATSConfig        `yaml:"nats"`
+	Members     ClusterMembersConfig     `yaml:"members"`
+	Coordinator ClusterCoordinatorConfig `yaml:"coordinator"`
+}
+
+// ClusterNATSConfig is the NATS connection. At most one of creds_file,
+// nkey_seed_file, user (with password_file or password_env) and token_file
+// or token_env.
+type ClusterNATSConfig struct {
+	URLs         []string `yaml:"urls"`
+	CredsFile    string   `yaml:"creds_file"`
+	NKeySeedFile string   `yaml:"nkey_seed_file"`
+	User         string   `yaml:"user"`
+	PasswordFile string   `yaml:"password_file"`
+	PasswordEnv  string   `yaml:"password_env"`
+	TokenFile    string   `yaml:"token_file"`
+	TokenEnv     string   `yaml:"token_env"`
+	CAFile       string   `yaml:"ca_file"`
+	CertFile     string   `yaml:"cert_file"`
+	KeyFile      string   `yaml:"key_file"`
+	// Bucket is the JetStream KV bucket holding the latest table and the
+	// election; Replicas its replication (3 on a production cluster).
+	Bucket   string `yaml:"bucket"`
+	Replicas int    `yaml:"replicas"`
+}
+
+// ClusterMembersConfig is memberlist membership.
+type ClusterMembersConfig struct {
+	// Profile is wan (across regions, the default), lan or local.
+	Profile   string   `yaml:"profile"`
+	Bind      string   `yaml:"bind"`
+	Advertise string   `yaml:"advertise"`
+	Join      []string `yaml:"join"`
+	// KeyFile / KeyEnv hold the gossip keyring (base64 keys, the first
+	// primary). AllowPlaintext must be set to run without one.
+	KeyFile        string `yaml:"key_file"`
+	KeyEnv         string `yaml:"key_env"`
+	AllowPlaintext bool   `yaml:"allow_plaintext"`
+}
+
+// ClusterCoordinatorConfig is the coordinator: who may be elected, how
+// tables are signed and verified, and the rebalance core's settings.
+type ClusterCoordinatorConfig struct {
+	// Candidate makes this agent stand for coordinator; it then needs the
+	// signing key (base64 Ed25519 seed, from SignKeyFile or SignKeyEnv).
+	Candidate   bool   `yaml:"candidate"`
+	SignKeyFile string `yaml:"sign_key_file"`
+	SignKeyEnv  string `yaml:"sign_key_env"`
+	// VerifyKeysFile / VerifyKeysEnv list the coordinator public keys
+	// (base64, one per line or comma-separated) whose tables this agent
+	// applies: required; two during a key rotation.
+	VerifyKeysFile string `yaml:"verify_keys_file"`
+	VerifyKeysEnv  string `yaml:"verify_keys_env"`
+	// The rebalance core (0 or empty: rebalance.DefaultConfig's value).
+	Lease        Duration `yaml:"lease"`
+	MaxSkew      Duration `yaml:"max_skew"`
+	Fence        Duration `yaml:"fence"`
+	Strategy     string   `yaml:"strategy"`
+	Hysteresis   uint32   `yaml:"hysteresis_ppm"`
+	SafeFraction float64  `yaml:"safe_fraction"`
+	// ElectionTTL: a silent coordinator is replaced this long after its
+	// last renewal (default 3s).
+	ElectionTTL Duration `yaml:"election_ttl"`
+}
+
+// Enabled reports whether the agent joins a cluster.
+func (c *ClusterConfig) Enabled() bool { return c.Name != "" }
+
+// validate adds the section's shape errors; package gossip checks the rest
+// when the agent starts.
+func (c *ClusterConfig) validate(bad func(field, format string, a ...any)) {
+	if !c.Enabled() {
+		zero := ClusterConfig{}
+		if c.NATS.Bucket != zero.NATS.Bucket || len(c.NATS.URLs) > 0 || c.Coordinator.Candidate || len(c.Members.Join) > 0 {
+			bad("cluster.name", "empty, but the cluster section is filled in: name the cluster to join it")
+		}
+		return
+	}
+	if len(c.NATS.URLs) == 0 {
+		bad("cluster.nats.urls", "empty: at least one NATS server URL")
+	}
+	if c.Coordinator.Candidate && c.Coordinator.SignKeyFile == "" && c.Coordinator.SignKeyEnv == "" {
+		bad("cluster.coordinator", "candidate without sign_key_file or sign_key_env: its tables could not be signed")
+	}
+	if c.Coordinator.VerifyKeysFile == "" && c.Coordinator.VerifyKeysEnv == "" {
+		bad("cluster.coordinator", "no verify_keys_file or verify_keys_env: every table would be refused")
+	}
+	if c.Members.Bind == "" {
+		bad("cluster.members.bind", "empty: the memberlist address (host:port) is required")
+	}
+	if c.Members.KeyFile == "" && c.Members.KeyEnv == "" && !c.Members.AllowPlaintext {
+		bad("cluster.members", "no key_file or key_env: gossip would be unencrypted (set allow_plaintext: true to accept that)")
+	}
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{{"lease", c.Coordinator.Lease}, {"max_skew", c.Coordinator.MaxSkew}, {"fence", c.Coordinator.Fence}, {"election_ttl", c.Coordinator.ElectionTTL}} {
+		if d.v < 0 {
+			bad("cluster.coordinator."+d.name, "%s: must not be negative", time.Duration(d.v))
+		}
+	}
+	if f := c.Coordinator.SafeFraction; f < 0 || f >= 1 {
+		bad("cluster.coordinator.safe_fraction", "%v: must be in [0, 1)", f)
+	}
+	if c.NATS.Replicas < 0 || c.NATS.Replicas > 5 {
+		bad("cluster.nats.replicas", "%d: must be in [0, 5]", c.NATS.Replicas)
+	}
+}
