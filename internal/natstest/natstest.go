@@ -1,0 +1,209 @@
+package natstest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/meridian-quota/meridian/internal/testenv"
+)
+
+// readyWait bounds how long Start and Restart wait for a server to accept
+// connections (JetStream recovery of a small store takes milliseconds).
+const readyWait = 10 * time.Second
+
+// Option configures a server started by [Start].
+type Option func(*config)
+
+type config struct {
+	users []*server.User
+	nkeys []*server.NkeyUser
+	token string
+	certs *Certs
+}
+
+// WithUsers adds a user with a password; the server then refuses clients
+// without valid credentials. It may be given several times, and combined
+// with [WithNKey] but not with [WithToken] (nats-server refuses that mix).
+func WithUsers(user, pass string) Option {
+	return func(c *config) { c.users = append(c.users, &server.User{Username: user, Password: pass}) }
+}
+
+// WithToken makes the server require token authentication.
+func WithToken(token string) Option {
+	return func(c *config) { c.token = token }
+}
+
+// WithNKey adds an nkey user by its public key (a "U…" string, see
+// github.com/nats-io/nkeys); clients prove it by signing with the seed.
+func WithNKey(pub string) Option {
+	return func(c *config) { c.nkeys = append(c.nkeys, &server.NkeyUser{Nkey: pub}) }
+}
+
+// WithTLS makes the server require TLS with certs' server certificate, and
+// a client certificate signed by certs' CA when certs.VerifyClients is set.
+// Create certs with [NewCerts].
+func WithTLS(certs Certs) Option {
+	return func(c *config) { c.certs = &certs }
+}
+
+// Server is an embedded nats-server with JetStream, owned by one test. Its
+// methods may be called from any goroutine.
+type Server struct {
+	t    testing.TB
+	cfg  config
+	dir  string // JetStream store, kept across Restart
+	port int    // chosen at Start, kept across Restart
+
+	mu  sync.Mutex
+	srv *server.Server // nil while shut down
+}
+
+// Start runs a server for the test t on 127.0.0.1 with a random port and
+// JetStream in t.TempDir(); t.Cleanup shuts it down. It fails the test if
+// the server does not come up.
+func Start(t testing.TB, opts ...Option) *Server {
+	t.Helper()
+	s := &Server{t: t, dir: t.TempDir(), port: -1}
+	for _, o := range opts {
+		o(&s.cfg)
+	}
+	s.start()
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+// options builds a fresh server.Options each time: nats-server keeps and
+// mutates the struct it is given.
+func (s *Server) options() *server.Options {
+	o := &server.Options{
+		ServerName:         "natstest",
+		Host:               "127.0.0.1",
+		Port:               s.port,
+		NoLog:              true,
+		NoSigs:             true,
+		JetStream:          true,
+		StoreDir:           s.dir,
+		JetStreamMaxMemory: 64 << 20,
+		JetStreamMaxStore:  256 << 20,
+		Users:              s.cfg.users,
+		Nkeys:              s.cfg.nkeys,
+		Authorization:      s.cfg.token,
+	}
+	if c := s.cfg.certs; c != nil {
+		tc, err := c.serverConfig()
+		if err != nil {
+			s.t.Fatalf("natstest: TLS: %v", err)
+		}
+		o.TLS, o.TLSConfig, o.TLSVerify, o.TLSTimeout = true, tc, c.VerifyClients, 2
+	}
+	return o
+}
+
+func (s *Server) start() {
+	s.t.Helper()
+	srv, err := server.NewServer(s.options())
+	if err != nil {
+		s.t.Fatalf("natstest: new server: %v", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(readyWait) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		s.t.Fatalf("natstest: server on port %d not ready within %v", s.port, readyWait)
+	}
+	s.mu.Lock()
+	s.srv = srv
+	s.port = srv.Addr().(*net.TCPAddr).Port
+	s.mu.Unlock()
+}
+
+// URL is the client URL, nats://127.0.0.1:<port>. It stays the same across
+// [Server.Restart]. (With [WithTLS] clients upgrade to TLS on this URL.)
+func (s *Server) URL() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return fmt.Sprintf("nats://127.0.0.1:%d", s.port)
+}
+
+// Shutdown stops the server and waits for it to be gone; clients see the
+// connection drop and start reconnecting. It does nothing if the server is
+// already down.
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	srv := s.srv
+	s.srv = nil
+	s.mu.Unlock()
+	if srv == nil {
+		return
+	}
+	srv.Shutdown()
+	srv.WaitForShutdown()
+}
+
+// Restart shuts the server down (if it is up) and starts it again on the
+// same port with the same JetStream store, so clients reconnect and every
+// stream and KV bucket survives.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Shutdown()
+	s.start()
+}
+
+// Running reports whether the server is up.
+func (s *Server) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.srv != nil
+}
+
+// Environment variable read by [Shared].
+const EnvURL = "MERIDIAN_NATS_URL"
+
+// DefaultSharedURL is where [Shared] looks for the machine's NATS server
+// (nats-server -js on the default port) when MERIDIAN_NATS_URL is unset.
+const DefaultSharedURL = "nats://127.0.0.1:4222"
+
+// Shared returns the URL of the machine's shared NATS server after checking
+// that it accepts TCP connections. When it does not, the test fails in CI
+// and is skipped loudly elsewhere (see testenv.MustOrSkip). Tests using it
+// must namespace everything they create (see [UniqueName]) and delete it.
+func Shared(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv(EnvURL)
+	if u == "" {
+		u = DefaultSharedURL
+	}
+	pu, err := url.Parse(u)
+	if err == nil && pu.Host == "" {
+		err = fmt.Errorf("no host in %q", u)
+	}
+	if err == nil {
+		var c net.Conn
+		c, err = net.DialTimeout("tcp", pu.Host, 2*time.Second)
+		if err == nil {
+			c.Close()
+		}
+	}
+	testenv.MustOrSkip(t, err, "NATS not reachable at "+u)
+	return u
+}
+
+// UniqueName returns prefix followed by 12 random hex digits: a bucket,
+// stream or cluster name no other test run uses ([A-Za-z0-9_-] only when
+// prefix is).
+func UniqueName(prefix string) string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
