@@ -73,10 +73,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	ncfg := region.DefaultConfig(cfg.Region, cfg.Agent, cfg.Regions...)
-	ncfg.Interval = time.Duration(cfg.Interval)
-	ncfg.Agents = cfg.Agents
-	node, err := region.NewNode(ncfg, policy, br)
+	node, err := region.NewNode(nodeConfig(cfg), policy, br)
 	if err != nil {
 		return err
 	}
@@ -129,6 +126,22 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		}
 	}()
-	log.Info("agent serving", "region", cfg.Region, "agent", cfg.Agent, "grpc", cfg.GRPC, "http", cfg.HTTP, "policy", policy.Version())
-	return a.Run(ctx, gl, hl)
+	var cl *cluster
+	if cfg.Cluster.Enabled() {
+		// Reports carry the store's clock: the coordinator's skew estimate
+		// is then the one leases and effective times are compared with.
+		redisNow := func(ctx context.Context) (int64, error) {
+			t, err := client.Time(ctx).Result()
+			if err != nil {
+				return 0, err
+			}
+			return t.UnixMicro(), nil
+		}
+		if cl, err = joinCluster(ctx, cfg, node, a.Registry(), redisNow, version, log); err != nil {
+			return err
+		}
+	}
+	log.Info("agent serving", "region", cfg.Region, "agent", cfg.Agent, "grpc", cfg.GRPC, "http", cfg.HTTP,
+		"policy", policy.Version(), "cluster", cfg.Cluster.Name)
+	return serveWithCluster(ctx, a, cl, func(ctx context.Context) error { return a.Run(ctx, gl, hl) })
 }

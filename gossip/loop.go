@@ -1,0 +1,934 @@
+package gossip
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meridian-quota/meridian/gossip/wire"
+	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/region"
+)
+
+// LoopConfig configures one agent's link to its cluster. DefaultLoopConfig
+// documents each default.
+type LoopConfig struct {
+	// Cluster namespaces subjects, KV keys and wire messages: agents of
+	// different clusters on one NATS never mix.
+	Cluster string
+	// Region and Agent name this agent (the node's).
+	Region, Agent string
+	// Candidate makes this agent stand for coordinator.
+	Candidate bool
+	// Coordinator configures the rebalance core this agent runs while it
+	// is the coordinator (Regions, Interval, Lease, MaxSkew, strategy…).
+	Coordinator rebalance.Config
+	// Election times the coordinator election (ID is set from Region and
+	// Agent).
+	Election ElectionConfig
+	// SignKey signs the tables this agent publishes as coordinator
+	// (required when Candidate). VerifyKeys are the coordinator keys whose
+	// tables are applied (several during a key rotation).
+	SignKey    ed25519.PrivateKey
+	VerifyKeys []ed25519.PublicKey
+	// Limits bound what decoding accepts; MaxMessage is the largest message
+	// sent (chunks above it).
+	Limits     wire.Limits
+	MaxMessage int
+	// TickEvery is how often the coordinator ticks its core and publishes.
+	TickEvery time.Duration
+	// MaxKeys bounds the keys the coordinator budgets; keys beyond it run
+	// at their safe share (counted). KeyIdle: a key no report named for
+	// this long leaves the budgets (it runs at its safe share, like any
+	// key a table does not name, until it is reported again).
+	MaxKeys int
+	KeyIdle time.Duration
+	// Queue bounds the reports and acks waiting to be sent, and the
+	// reports waiting to be observed by the coordinator; beyond it they are
+	// dropped and counted.
+	Queue int
+}
+
+// DefaultLoopConfig returns a configuration with every default.
+func DefaultLoopConfig(cluster, regionName, agentName string, regions ...string) LoopConfig {
+	return LoopConfig{
+		Cluster:     cluster,
+		Region:      regionName,
+		Agent:       agentName,
+		Coordinator: rebalance.DefaultConfig(regions...),
+		Election:    ElectionConfig{TTL: 3 * time.Second}, // failover within a few seconds
+		Limits:      wire.DefaultLimits(),
+		MaxMessage:  wire.DefaultMaxMessage, // below NATS's default 1 MiB max_payload
+		TickEvery:   100 * time.Millisecond, // acks and increases go out within a tenth of a second
+		MaxKeys:     1_000_000,              // the wire format's bound; memory is per key
+		KeyIdle:     time.Minute,            // twelve 5 s intervals: a paused tenant keeps its shares a while
+		Queue:       64,                     // a few intervals of reports; older ones are stale anyway
+	}
+}
+
+// Validate reports every problem with c.
+func (c *LoopConfig) Validate() error {
+	var errs []error
+	for _, f := range []struct{ name, v string }{{"cluster", c.Cluster}, {"region", c.Region}, {"agent", c.Agent}} {
+		if err := checkName(f.v); err != nil {
+			errs = append(errs, fmt.Errorf("gossip: %s: %w", f.name, err))
+		}
+	}
+	if err := c.Coordinator.Validate(); err != nil {
+		errs = append(errs, err)
+	} else if !slices.Contains(c.Coordinator.Regions, c.Region) {
+		errs = append(errs, fmt.Errorf("gossip: region %q is not one of the coordinator's regions %v", c.Region, c.Coordinator.Regions))
+	}
+	if c.Candidate && len(c.SignKey) != ed25519.PrivateKeySize {
+		errs = append(errs, errors.New("gossip: a coordinator candidate needs an Ed25519 signing key"))
+	}
+	if len(c.VerifyKeys) == 0 {
+		errs = append(errs, errors.New("gossip: no coordinator verify keys: every table would be refused"))
+	}
+	for i, k := range c.VerifyKeys {
+		if len(k) != ed25519.PublicKeySize {
+			errs = append(errs, fmt.Errorf("gossip: verify key %d: %d bytes, want %d", i, len(k), ed25519.PublicKeySize))
+		}
+	}
+	if c.Candidate && len(c.SignKey) == ed25519.PrivateKeySize && len(c.VerifyKeys) > 0 {
+		pub, _ := c.SignKey.Public().(ed25519.PublicKey)
+		if !slices.ContainsFunc(c.VerifyKeys, func(k ed25519.PublicKey) bool { return k.Equal(pub) }) {
+			errs = append(errs, errors.New("gossip: the signing key's public key is not among the verify keys: this agent's own tables would be refused"))
+		}
+	}
+	if err := c.Limits.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MaxMessage < 1024 || c.MaxMessage > c.Limits.MaxMessage {
+		errs = append(errs, fmt.Errorf("gossip: max message %d: want 1024..%d (the decoders' limit)", c.MaxMessage, c.Limits.MaxMessage))
+	}
+	if c.TickEvery <= 0 || c.TickEvery > c.Coordinator.Interval {
+		errs = append(errs, fmt.Errorf("gossip: tick %v: want (0, interval %v]", c.TickEvery, c.Coordinator.Interval))
+	}
+	if c.MaxKeys < 1 {
+		errs = append(errs, fmt.Errorf("gossip: max keys %d: want at least 1", c.MaxKeys))
+	}
+	if c.KeyIdle < c.Coordinator.Interval {
+		errs = append(errs, fmt.Errorf("gossip: key idle %v: want at least one interval (%v)", c.KeyIdle, c.Coordinator.Interval))
+	}
+	if c.Queue < 1 {
+		errs = append(errs, fmt.Errorf("gossip: queue %d: want at least 1", c.Queue))
+	}
+	return errors.Join(errs...)
+}
+
+// Status is the loop's view of its cluster.
+type Status struct {
+	Cluster         string
+	Connected       bool
+	Coordinator     string // holder of the election key, "" if none
+	CoordinatorTerm uint64
+	Leader          bool
+	Members         map[string]int     // live agents by region (nil without membership)
+	ClockSkew       map[string]float64 // ms, by region; leader only
+}
+
+// Loop is one agent's link to its cluster: it sends the node's demand
+// reports and acknowledgements over NATS, applies the tables the
+// coordinator stores in the KV bucket (signature verified) through the
+// agent's loop, feeds membership to the node, and — when Candidate and
+// elected — runs the coordinator: the rebalance core fed with every
+// agent's reports, acks and the live members, its tables signed and
+// compare-and-set into the bucket.
+//
+// Report, InForce, Tables, Applied, Flush and Status form region/agent's
+// Control interface; they are safe for concurrent use and never block.
+type Loop struct {
+	cfg  LoopConfig
+	tr   *Transport
+	mem  *Members // nil: no membership
+	node *region.Node
+	log  *slog.Logger
+	m    *loopMetrics
+	now  func() int64 // µs, wall clock (leases are on the coordinator's clock)
+
+	out    chan outMsg // reports and acks to send
+	flushc chan chan struct{}
+	tables chan *rebalance.Table
+
+	mu     sync.Mutex
+	leader bool
+	skew   map[string]float64
+	holder Leadership
+
+	storeClock func(ctx context.Context) (int64, error) // stamps reports and acks
+
+	// The newest table handed to the agent (watchTables only).
+	lastTerm, lastEpoch uint64
+}
+
+type outMsg struct {
+	rep      *rebalance.Report
+	ack      bool
+	term, ep uint64
+}
+
+// NewLoop makes a loop on a dialled transport. mem may be nil (no
+// membership: the node counts its configured agents, the coordinator
+// learns agents from their reports).
+func NewLoop(cfg LoopConfig, tr *Transport, mem *Members, node *region.Node, reg prometheus.Registerer, log *slog.Logger) (*Loop, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if tr == nil || node == nil {
+		return nil, errors.New("gossip: NewLoop needs a transport and a node")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cfg.Election.ID = cfg.Region + "/" + cfg.Agent
+	m, err := newLoopMetrics(reg, cfg.Coordinator.Regions)
+	if err != nil {
+		return nil, err
+	}
+	return &Loop{
+		cfg: cfg, tr: tr, mem: mem, node: node, log: log, m: m,
+		now:    func() int64 { return time.Now().UnixMicro() },
+		out:    make(chan outMsg, cfg.Queue),
+		flushc: make(chan chan struct{}),
+		tables: make(chan *rebalance.Table, 4),
+		skew:   map[string]float64{},
+		storeClock: func(context.Context) (int64, error) {
+			return time.Now().UnixMicro(), nil
+		},
+	}, nil
+}
+
+// SetStoreClock makes reports and acks carry the region store's clock (µs;
+// Redis TIME in production) instead of this host's, so the coordinator's
+// skew estimate is the store's — the clock leases and effective times are
+// compared with. Call it before Run.
+func (l *Loop) SetStoreClock(f func(ctx context.Context) (int64, error)) { l.storeClock = f }
+
+// Report queues one closed interval's report for the coordinator.
+func (l *Loop) Report(rep *rebalance.Report) {
+	l.enqueue(outMsg{rep: rep})
+}
+
+// InForce queues an acknowledgement of the table in force.
+func (l *Loop) InForce(term, epoch uint64) {
+	if term == 0 && epoch == 0 {
+		return
+	}
+	l.enqueue(outMsg{ack: true, term: term, ep: epoch})
+}
+
+func (l *Loop) enqueue(o outMsg) {
+	select {
+	case l.out <- o:
+	default:
+		l.m.dropped.WithLabelValues(kindOf(o)).Inc()
+	}
+}
+
+func kindOf(o outMsg) string {
+	if o.ack {
+		return "ack"
+	}
+	return "report"
+}
+
+// Tables delivers verified tables, newest last.
+func (l *Loop) Tables() <-chan *rebalance.Table { return l.tables }
+
+// Applied counts what the node made of a table.
+func (l *Loop) Applied(t *rebalance.Table, err error) {
+	switch {
+	case err == nil:
+		l.m.tables.WithLabelValues("applied").Inc()
+		l.m.tableTerm.Set(float64(t.Term))
+		l.m.tableEpoch.Set(float64(t.Epoch))
+	case errors.Is(err, region.ErrStaleTable):
+		l.m.tables.WithLabelValues("stale").Inc()
+	default:
+		l.m.tables.WithLabelValues("refused").Inc()
+		l.log.Warn("table refused by the node", "term", t.Term, "epoch", t.Epoch, "err", err)
+	}
+}
+
+// Flush waits until every queued report and ack has been published and
+// NATS has them, or ctx ends.
+func (l *Loop) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	select {
+	case l.flushc <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return l.tr.Flush(ctx)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Status returns the loop's view of its cluster.
+func (l *Loop) Status() Status {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := Status{Cluster: l.cfg.Cluster, Connected: l.tr.Connected(), Leader: l.leader,
+		Coordinator: l.holder.ID, CoordinatorTerm: l.holder.Term}
+	if l.leader {
+		s.ClockSkew = maps.Clone(l.skew)
+	}
+	if l.mem != nil {
+		s.Members = map[string]int{}
+		for _, m := range l.mem.Live() {
+			s.Members[m.Region]++
+		}
+	}
+	return s
+}
+
+// Run runs the loop until ctx ends: sending, watching tables, following
+// membership and, for a candidate, campaigning and coordinating.
+func (l *Loop) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	spawn := func(f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(ctx); err != nil && ctx.Err() == nil {
+				errc <- err
+				cancel()
+			}
+		}()
+	}
+	spawn(l.send)
+	spawn(l.watchTables)
+	spawn(l.watchLeader)
+	if l.mem != nil {
+		spawn(l.followMembers)
+	}
+	if l.cfg.Candidate {
+		spawn(l.campaign)
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// send publishes queued reports and acks.
+func (l *Loop) send(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case o := <-l.out:
+			l.publish(ctx, o)
+		case done := <-l.flushc:
+			for len(l.out) > 0 {
+				l.publish(ctx, <-l.out)
+			}
+			close(done)
+		}
+	}
+}
+
+func (l *Loop) publish(ctx context.Context, o outMsg) {
+	// Stamped with the region store's clock as it goes out: the
+	// coordinator compares it with its own to estimate the region's skew.
+	sent, err := l.storeClock(ctx)
+	if err != nil {
+		sent = 0 // unknown: the coordinator skips the estimate
+	}
+	if o.ack {
+		b, err := wire.EncodeAck(l.cfg.Cluster, wire.Ack{Region: l.cfg.Region, Agent: l.cfg.Agent, Term: o.term, Epoch: o.ep, Sent: sent})
+		if err == nil {
+			err = l.tr.PublishAck(l.cfg.Region, l.cfg.Agent, b)
+		}
+		l.count("ack", "out", err, 1, len(b))
+		return
+	}
+	msgs, err := wire.EncodeReport(l.cfg.Cluster, o.rep, sent, l.cfg.MaxMessage)
+	if err == nil {
+		err = l.tr.PublishReport(l.cfg.Region, l.cfg.Agent, msgs)
+	}
+	n := 0
+	for _, m := range msgs {
+		n += len(m)
+	}
+	l.count("report", "out", err, len(msgs), n)
+}
+
+func (l *Loop) count(kind, dir string, err error, msgs, bytes int) {
+	if err != nil {
+		l.m.errors.WithLabelValues(kind).Inc()
+		l.log.Warn("publish failed", "kind", kind, "err", err)
+		return
+	}
+	l.m.msgs.WithLabelValues(kind, dir).Add(float64(msgs))
+	l.m.bytes.WithLabelValues(kind, dir).Add(float64(bytes))
+}
+
+// watchTables follows the table head in the KV bucket and hands every
+// newer, verified table to the agent.
+func (l *Loop) watchTables(ctx context.Context) error {
+	asm := wire.NewAssembler(l.cfg.Limits, 2)
+	return l.tr.WatchTables(ctx, func(head []byte, rev uint64) {
+		t, err := l.readTable(ctx, asm, head)
+		if err != nil {
+			if ctx.Err() == nil {
+				l.invalid("table", err)
+			}
+			return
+		}
+		if !t.Newer(l.lastTerm, l.lastEpoch) {
+			l.m.tables.WithLabelValues("stale").Inc()
+			return
+		}
+		l.lastTerm, l.lastEpoch = t.Term, t.Epoch
+		select {
+		case l.tables <- t:
+		case <-ctx.Done():
+		}
+	})
+}
+
+// readTable decodes and verifies a head and fetches the rest of its table.
+func (l *Loop) readTable(ctx context.Context, asm *wire.Assembler, head []byte) (*rebalance.Table, error) {
+	m, err := wire.Decode(l.cfg.Cluster, head, l.cfg.Limits, l.cfg.VerifyKeys)
+	if err != nil {
+		return nil, err
+	}
+	if m.Kind != wire.KindTable || m.Table.Index != 0 {
+		return nil, fmt.Errorf("%w: the table head is not a table's first chunk", wire.ErrInvalid)
+	}
+	l.m.msgs.WithLabelValues("table", "in").Inc()
+	l.m.bytes.WithLabelValues("table", "in").Add(float64(len(head)))
+	t, done, err := asm.AddTable(m.Table)
+	if err != nil || done {
+		return t, err
+	}
+	rest, err := l.tr.FetchChunks(ctx, m.Table.Term, m.Table.Epoch, m.Table.Count)
+	if err != nil {
+		return nil, fmt.Errorf("fetch table term %d epoch %d: %w", m.Table.Term, m.Table.Epoch, err)
+	}
+	for _, b := range rest {
+		c, err := wire.Decode(l.cfg.Cluster, b, l.cfg.Limits, l.cfg.VerifyKeys)
+		if err != nil {
+			return nil, err
+		}
+		if c.Kind != wire.KindTable || c.Table.Term != m.Table.Term || c.Table.Epoch != m.Table.Epoch {
+			return nil, fmt.Errorf("%w: chunk of another table under term %d epoch %d", wire.ErrInvalid, m.Table.Term, m.Table.Epoch)
+		}
+		l.m.msgs.WithLabelValues("table", "in").Inc()
+		l.m.bytes.WithLabelValues("table", "in").Add(float64(len(b)))
+		if t, done, err = asm.AddTable(c.Table); err != nil || done {
+			return t, err
+		}
+	}
+	return nil, fmt.Errorf("%w: table term %d epoch %d incomplete after %d chunks", wire.ErrInvalid, m.Table.Term, m.Table.Epoch, m.Table.Count)
+}
+
+// invalid counts and logs (at most once per reason and second) an inbound
+// message that failed validation; it is never applied.
+func (l *Loop) invalid(kind string, err error) {
+	reason := "malformed"
+	switch {
+	case errors.Is(err, wire.ErrSignature):
+		reason = "signature"
+	case errors.Is(err, wire.ErrCluster):
+		reason = "cluster"
+	case !errors.Is(err, wire.ErrInvalid):
+		reason = "unavailable"
+	}
+	l.m.invalid.WithLabelValues(kind, reason).Inc()
+	l.log.Warn("inbound message refused", "kind", kind, "reason", reason, "err", err)
+}
+
+// watchLeader keeps the election key's holder for Status and metrics.
+func (l *Loop) watchLeader(ctx context.Context) error {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		if ld, ok, err := l.tr.Leader(ctx); err == nil {
+			l.mu.Lock()
+			if ok {
+				l.holder = ld
+			} else {
+				l.holder = Leadership{}
+			}
+			l.mu.Unlock()
+			l.m.coordTerm.Set(float64(ld.Term))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// followMembers tells the node how many agents its region has live.
+func (l *Loop) followMembers(ctx context.Context) error {
+	for {
+		live := l.mem.LiveInRegion(l.cfg.Region)
+		l.node.SetLiveAgents(live)
+		counts := map[string]int{}
+		for _, m := range l.mem.Live() {
+			counts[m.Region]++
+		}
+		for _, r := range l.cfg.Coordinator.Regions {
+			l.m.members.WithLabelValues(r).Set(float64(counts[r]))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-l.mem.Changed():
+		}
+	}
+}
+
+// campaign stands for coordinator and coordinates while elected. A term
+// whose table write is fenced (someone else wrote the head) resigns — its
+// campaign ends, releasing the election key — and campaigns again, so a
+// fresh term reads the head anew. A term whose coordinator stops on another
+// error (NATS unreachable when it read the latest table, say) is retried
+// while the election still says this agent leads.
+func (l *Loop) campaign(ctx context.Context) error {
+	for ctx.Err() == nil {
+		if err := l.campaignOnce(ctx); err != nil && ctx.Err() == nil {
+			l.log.Info("campaigning again", "after", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(l.cfg.Election.TTL / 3):
+			}
+		}
+	}
+	return nil
+}
+
+// campaignOnce runs one campaign until ctx ends or a term is fenced.
+func (l *Loop) campaignOnce(ctx context.Context) error {
+	var mu sync.Mutex
+	want := uint64(0) // the term the election says this agent holds, 0 for none
+	notify := make(chan struct{}, 1)
+	set := func(term uint64) {
+		mu.Lock()
+		want = term
+		mu.Unlock()
+		select {
+		case notify <- struct{}{}:
+		default:
+		}
+	}
+	ectx, ecancel := context.WithCancel(ctx)
+	cdone := make(chan struct{})
+	go func() {
+		defer close(cdone)
+		err := l.tr.Campaign(ectx, l.cfg.Election, l.cfg.Coordinator.MaxSkew, set, func(uint64) { set(0) })
+		if err != nil && ectx.Err() == nil {
+			l.log.Warn("campaign stopped", "err", err)
+		}
+		set(0)
+	}()
+	type run struct {
+		term   uint64
+		cancel context.CancelFunc
+		done   chan error
+	}
+	var cur *run
+	stop := func() {
+		if cur != nil {
+			cur.cancel()
+			<-cur.done
+			cur = nil
+			l.setLeader(false)
+		}
+	}
+	defer func() {
+		stop()
+		ecancel()
+		<-cdone
+	}()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	for {
+		var done chan error
+		if cur != nil {
+			done = cur.done
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-cdone:
+			return errors.New("the campaign ended")
+		case <-notify:
+		case <-retry.C:
+		case err := <-done:
+			term := cur.term
+			cur.cancel()
+			cur = nil
+			l.setLeader(false)
+			if errors.Is(err, errDeposed) {
+				return fmt.Errorf("term %d: %w", term, err)
+			}
+			l.log.Warn("coordinator stopped; retrying", "term", term, "err", err)
+			retry.Reset(time.Second)
+			continue
+		}
+		mu.Lock()
+		term := want
+		mu.Unlock()
+		if cur != nil && cur.term == term {
+			continue
+		}
+		stop()
+		if term == 0 {
+			continue
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cur = &run{term: term, cancel: cancel, done: make(chan error, 1)}
+		l.setLeader(true)
+		go func(r *run) {
+			err := l.coordinate(cctx, r.term)
+			if err == nil {
+				err = cctx.Err()
+			}
+			r.done <- err
+		}(cur)
+	}
+}
+
+func (l *Loop) setLeader(on bool) {
+	l.mu.Lock()
+	l.leader = on
+	if !on {
+		clear(l.skew)
+	}
+	l.mu.Unlock()
+	if on {
+		l.m.leader.Set(1)
+	} else {
+		l.m.leader.Set(0)
+	}
+}
+
+// errDeposed ends a term whose table write was fenced.
+var errDeposed = errors.New("gossip: deposed: the table head moved under this coordinator")
+
+// keyState is one budgeted key on the coordinator.
+type keyState struct {
+	rule     *region.Rule // nil: not budgeted (no rule, regional, unlimited)
+	lastSeen int64
+}
+
+// coordinate runs the rebalance core for one term.
+func (l *Loop) coordinate(ctx context.Context, term uint64) error {
+	log := l.log.With("term", term)
+	reports := make(chan []byte, l.cfg.Queue*4)
+	acks := make(chan []byte, l.cfg.Queue*4)
+	push := func(ch chan []byte, kind string) func([]byte) {
+		return func(b []byte) {
+			select {
+			case ch <- b:
+			default:
+				l.m.dropped.WithLabelValues(kind + "_in").Inc()
+			}
+		}
+	}
+	stopR, err := l.tr.SubscribeReports(push(reports, "report"))
+	if err != nil {
+		return err
+	}
+	defer stopR()
+	stopA, err := l.tr.SubscribeAcks(push(acks, "ack"))
+	if err != nil {
+		return err
+	}
+	defer stopA()
+
+	// The shares in force: the latest stored table.
+	head, rev, ok, err := l.tr.LatestTable(ctx)
+	if err != nil {
+		return fmt.Errorf("read the latest table: %w", err)
+	}
+	var latest *rebalance.Table
+	if ok {
+		if latest, err = l.readTable(ctx, wire.NewAssembler(l.cfg.Limits, 1), head); err != nil {
+			// A head nobody can verify is no table: start from the floors.
+			l.invalid("table", err)
+			latest = nil
+		}
+	}
+	if latest != nil && latest.Term >= term {
+		return fmt.Errorf("%w: stored table has term %d, this term is %d", errDeposed, latest.Term, term)
+	}
+	policy := l.node.Policy()
+	keys := map[string]*keyState{}
+	now := l.now()
+	if latest != nil {
+		for i := range latest.Keys {
+			k := latest.Keys[i].Key
+			r, _ := policy.RuleForKey(k)
+			keys[k] = &keyState{rule: budgeted(r), lastSeen: now}
+		}
+	}
+	c, err := rebalance.NewCoordinator(l.cfg.Coordinator, budgetsOf(keys, latest))
+	if err != nil {
+		return err
+	}
+	c.SetPolicyVersion(policy.Version())
+	if err := c.StartTerm(term, latest, now); err != nil {
+		return err
+	}
+	log.Info("coordinating", "latest_term", termOf(latest), "keys", len(keys))
+	var members []rebalance.Member
+	syncMembers := func() {
+		if l.mem == nil {
+			return
+		}
+		live := l.mem.Live()
+		if members != nil && slices.Equal(live, members) {
+			return
+		}
+		members = live
+		if err := c.MemberChange(live); err != nil {
+			log.Warn("membership", "err", err)
+		}
+	}
+	syncMembers()
+	var unpublished *rebalance.Table
+	publish := func() error {
+		for _, t := range c.Ready() {
+			unpublished = t
+		}
+		c.Advance()
+		if unpublished == nil {
+			return nil
+		}
+		t := unpublished
+		chunks, err := wire.EncodeTable(l.cfg.Cluster, t, l.cfg.SignKey, l.cfg.MaxMessage)
+		if err != nil {
+			return fmt.Errorf("encode table: %w", err)
+		}
+		nrev, err := l.tr.StoreTable(ctx, rev, t.Term, t.Epoch, chunks)
+		if errors.Is(err, ErrFenced) {
+			l.m.fenced.Inc()
+			return errDeposed
+		}
+		if err != nil {
+			l.m.errors.WithLabelValues("table").Inc()
+			log.Warn("store table (retrying next tick)", "epoch", t.Epoch, "err", err)
+			return nil
+		}
+		rev, unpublished = nrev, nil
+		n := 0
+		for _, b := range chunks {
+			n += len(b)
+		}
+		l.m.msgs.WithLabelValues("table", "out").Add(float64(len(chunks)))
+		l.m.bytes.WithLabelValues("table", "out").Add(float64(n))
+		l.m.published.Inc()
+		l.m.maxShareSum.Set(float64(maxShareSum(t)))
+		return nil
+	}
+	if err := publish(); err != nil {
+		return err
+	}
+	asm := wire.NewAssembler(l.cfg.Limits, 4*len(l.cfg.Coordinator.Regions)+16)
+	var pending []*rebalance.Report
+	tick := time.NewTicker(l.cfg.TickEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case b := <-reports:
+			m, err := wire.Decode(l.cfg.Cluster, b, l.cfg.Limits, nil)
+			if err == nil && m.Kind != wire.KindReport {
+				err = fmt.Errorf("%w: a %v message on the report subject", wire.ErrInvalid, m.Kind)
+			}
+			if err != nil {
+				l.invalid("report", err)
+				continue
+			}
+			l.m.msgs.WithLabelValues("report", "in").Inc()
+			l.m.bytes.WithLabelValues("report", "in").Add(float64(len(b)))
+			rep, done, err := asm.AddReport(m.Report)
+			if err != nil {
+				l.invalid("report", err)
+				continue
+			}
+			if done {
+				l.noteSkew(rep.Region, m.Report.Sent)
+				if len(pending) < l.cfg.Queue*len(l.cfg.Coordinator.Regions) {
+					pending = append(pending, rep)
+				} else {
+					l.m.dropped.WithLabelValues("report_in").Inc()
+				}
+			}
+		case b := <-acks:
+			m, err := wire.Decode(l.cfg.Cluster, b, l.cfg.Limits, nil)
+			if err == nil && m.Kind != wire.KindAck {
+				err = fmt.Errorf("%w: a %v message on the ack subject", wire.ErrInvalid, m.Kind)
+			}
+			if err != nil {
+				l.invalid("ack", err)
+				continue
+			}
+			l.m.msgs.WithLabelValues("ack", "in").Inc()
+			l.m.bytes.WithLabelValues("ack", "in").Add(float64(len(b)))
+			if err := c.Ack(m.Ack.Region, m.Ack.Agent, m.Ack.Term, m.Ack.Epoch); err != nil {
+				l.invalid("ack", fmt.Errorf("%w: %v", wire.ErrInvalid, err))
+			}
+		case <-tick.C:
+			now := l.now()
+			if p := l.node.Policy(); p != policy {
+				policy = p
+				for k, ks := range keys {
+					r, _ := policy.RuleForKey(k)
+					ks.rule = budgeted(r)
+				}
+				c.SetPolicyVersion(policy.Version())
+				if err := c.SetBudgets(budgetsOf(keys, nil)); err != nil {
+					log.Warn("budgets after a policy change", "err", err)
+				}
+			}
+			if l.learnKeys(c, keys, pending, policy, now, log) {
+				if err := c.SetBudgets(budgetsOf(keys, nil)); err != nil {
+					log.Warn("budgets", "err", err)
+				}
+			}
+			for _, rep := range pending {
+				if err := c.Observe(rep, now); err != nil && !errors.Is(err, rebalance.ErrBadReport) {
+					l.invalid("report", fmt.Errorf("%w: %v", wire.ErrInvalid, err))
+				}
+			}
+			clear(pending)
+			pending = pending[:0]
+			syncMembers()
+			c.Tick(now)
+			if err := publish(); err != nil {
+				return err
+			}
+			l.m.keys.Set(float64(len(keys)))
+		}
+	}
+}
+
+// learnKeys adds the reported keys the coordinator does not budget yet and
+// drops those idle longer than KeyIdle; it reports whether the budgets
+// changed.
+func (l *Loop) learnKeys(c *rebalance.Coordinator, keys map[string]*keyState, reps []*rebalance.Report, policy *region.Policy, now int64, log *slog.Logger) bool {
+	changed := false
+	for _, rep := range reps {
+		for _, kd := range rep.Keys {
+			if ks, ok := keys[kd.Key]; ok {
+				ks.lastSeen = now
+				continue
+			}
+			if len(keys) >= l.cfg.MaxKeys {
+				l.m.overflow.Inc()
+				continue
+			}
+			r, err := policy.RuleForKey(kd.Key)
+			if err != nil {
+				log.Debug("reported key has no rule", "key", kd.Key, "err", err)
+			}
+			keys[kd.Key] = &keyState{rule: budgeted(r), lastSeen: now}
+			changed = changed || budgeted(r) != nil
+		}
+	}
+	idle := l.cfg.KeyIdle.Microseconds()
+	for k, ks := range keys {
+		if now-ks.lastSeen > idle {
+			delete(keys, k)
+			changed = changed || ks.rule != nil
+		}
+	}
+	return changed
+}
+
+// budgeted returns r if its keys share a global budget, else nil.
+func budgeted(r *region.Rule) *region.Rule {
+	if r == nil || r.Unlimited || r.Scope == region.Regional || r.Limit.IsZero() {
+		return nil
+	}
+	return r
+}
+
+// budgetsOf lists the budgets of the keys with a rule; a key of the latest
+// table whose rule is unknown here keeps that table's budget (another
+// agent's policy may be ahead of this one's).
+func budgetsOf(keys map[string]*keyState, latest *rebalance.Table) []rebalance.Budget {
+	var prev map[string]rebalance.KeyShares
+	if latest != nil {
+		prev = make(map[string]rebalance.KeyShares, len(latest.Keys))
+		for _, ks := range latest.Keys {
+			prev[ks.Key] = ks
+		}
+	}
+	out := make([]rebalance.Budget, 0, len(keys))
+	for k, ks := range keys {
+		switch {
+		case ks.rule != nil:
+			out = append(out, rebalance.Budget{Key: k, Limit: ks.rule.Limit, Strategy: ks.rule.Strategy})
+		case prev != nil:
+			if p, ok := prev[k]; ok && !p.Budget.IsZero() {
+				out = append(out, rebalance.Budget{Key: k, Limit: p.Budget})
+			}
+		}
+	}
+	return out
+}
+
+func termOf(t *rebalance.Table) uint64 {
+	if t == nil {
+		return 0
+	}
+	return t.Term
+}
+
+// maxShareSum is the largest Σ shares (ppm) over a table's keys: never
+// above 10⁶ (an alert watches it).
+func maxShareSum(t *rebalance.Table) uint64 {
+	var most uint64
+	for i := range t.Keys {
+		var s uint64
+		for _, v := range t.Keys[i].Shares {
+			s += uint64(v)
+		}
+		most = max(most, s)
+	}
+	return most
+}
+
+// noteSkew records how far a region's store clock was from the
+// coordinator's when its report arrived (transit time included: an upper
+// bound on how far behind it is).
+func (l *Loop) noteSkew(regionName string, sent int64) {
+	if sent == 0 {
+		return
+	}
+	ms := float64(sent-l.now()) / 1000
+	l.mu.Lock()
+	l.skew[regionName] = ms
+	l.mu.Unlock()
+	if g, err := l.m.skew.GetMetricWithLabelValues(regionName); err == nil {
+		g.Set(ms / 1000)
+	}
+}
