@@ -260,6 +260,9 @@ func (n *Node) SetPolicy(p *Policy) {
 	n.publish(&s)
 }
 
+// Interval is Δ, the report interval Tick closes.
+func (n *Node) Interval() time.Duration { return n.cfg.Interval }
+
 // SetLiveAgents tells the node how many agents of its region membership
 // sees alive (the local failure mode divides by max(Agents, live)).
 func (n *Node) SetLiveAgents(live int) { n.live.Store(int64(live)) }

@@ -737,7 +737,7 @@ loop:
 		gs.GracefulStop()
 	}
 	// In-flight requests are done: report what they saw.
-	dctx, cancel := context.WithTimeout(context.Background(), time.Duration(a.cfg.Interval)+2*time.Second)
+	dctx, cancel := context.WithTimeout(context.Background(), a.node.Interval()+2*time.Second)
 	a.drainReport(dctx)
 	cancel()
 	return err

@@ -61,10 +61,7 @@ func (a *Agent) drainReport(ctx context.Context) {
 	if a.ctrl == nil {
 		return
 	}
-	dt := time.Duration(a.cfg.Interval)
-	if dt <= 0 {
-		dt = 5 * time.Second
-	}
+	dt := a.node.Interval()
 	now := a.now()
 	step := dt.Microseconds()
 	if wait := time.Duration((now/step+1)*step-now) * time.Microsecond; wait > 0 {
