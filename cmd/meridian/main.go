@@ -28,6 +28,7 @@ var commands = []command{
 	{"agent", "run a region's agent: Envoy RLS v3 and a JSON API deciding on the region's Redis", runAgent},
 	{"gcra", "print the decision trace of a GCRA limit for a pattern of arrivals", runGCRA},
 	{"bench", "benchmarks: `bench redis` (the Redis store beside redis_rate), `bench agent` (RLS servers), `bench noop-rls`", runBench},
+	{"keys", "make a cluster's secrets: the coordinator's signing and verify keys, a memberlist key", runKeys},
 	{"sim", "simulate a scenario for every strategy and interval against the ideal global limiter", runSim},
 	{"version", "print the version", runVersion},
 }
