@@ -1,0 +1,63 @@
+// Package gossip is the network shell around the pure cores: it carries
+// demand reports, acknowledgements and share tables between the agents of
+// a cluster over NATS, keeps membership with hashicorp/memberlist, elects
+// one coordinator through a JetStream key-value bucket, and runs the
+// rebalance core on the elected agent. Decisions stay in region.Node and
+// rebalance.Coordinator; this package only moves their inputs and outputs.
+//
+// # Pieces
+//
+//   - Transport (nats.go): one cluster's subjects and KV keys on NATS.
+//     Reports and acks are core NATS publishes on
+//     meridian.<cluster>.report.<region>.<agent> and .ack.…; the latest
+//     table lives in the KV bucket as chunks under <cluster>.table.…, its
+//     first chunk at <cluster>.table.head. StoreTable writes the other
+//     chunks, then compare-and-sets the head on the revision the
+//     coordinator last wrote: that write is the publication, and a deposed
+//     coordinator's write fails (ErrFenced) once its successor has written.
+//     Tables and the election use a connection with no reconnect buffer, so
+//     nothing about them is replayed after an outage.
+//   - Campaign (election.go): the KV key <cluster>.leader holds the term,
+//     the holder and an expiry; candidates take it when it lapses, with
+//     term + 1. The election keeps contention rare; the head's
+//     compare-and-set is the real fence.
+//   - Members (members.go): memberlist with WAN, LAN and local profiles,
+//     an encrypted keyring read from a file or the environment (rotated by
+//     ReloadKeys), node metadata (region, agent, role, version), join with
+//     retry and graceful leave. Its live members are the coordinator's
+//     Member list and each node's live-agent count.
+//   - Loop (loop.go): one agent's link. It sends the node's reports and
+//     acks, watches the table head, verifies each table's Ed25519
+//     signature against the configured coordinator keys and hands newer
+//     tables to the agent, and — on a candidate — campaigns and, while
+//     elected, runs rebalance.Coordinator: StartTerm with the stored table
+//     (learning mode), Observe/Ack/MemberChange/Tick every TickEvery, each
+//     Ready table signed and stored before the next. Keys enter the
+//     coordinator's budgets when a report first names them (their rule
+//     looked up in the policy with region.Policy.RuleForKey) and leave
+//     after KeyIdle without demand.
+//
+// Every inbound message is decoded and validated by gossip/wire; one that
+// fails (bad signature, other cluster, malformed, older than the table in
+// force) is counted in meridian_cluster_invalid_messages_total or
+// meridian_cluster_tables_total{result="stale"} and never applied.
+//
+// # Deployment and failure
+//
+// In a multi-region deployment the regions' NATS clusters form a
+// supercluster joined by gateways; the KV bucket's stream is placed in one
+// of them (NATSConfig.PlacementCluster, with Replicas servers there) and the
+// other regions reach it over the gateways. Losing that cluster stops
+// elections and table changes: agents keep their last table until its
+// lease ends, then run every key at min(last share, safe share), and pick
+// up new tables without a restart once it returns. The server must be
+// NATS 2.9 or later (KV compare-and-set, direct get, watches); no per-key
+// TTLs are used.
+//
+// # Concurrency
+//
+// Transport and Members are safe for concurrent use. A Loop's Control
+// methods (Report, InForce, Tables, Applied, Flush, Status) are safe for
+// concurrent use and never block; Run owns its goroutines and returns when
+// its context ends.
+package gossip
