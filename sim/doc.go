@@ -33,5 +33,10 @@
 // byte-identical JSON whatever the number of workers. Memory is per key
 // and per key-region (streaming window counters), never per request.
 //
-// Control bytes are estimates (BytesEstimated) until gossip/wire exists.
+// Control cost counts what gossip/wire would put on the wire: each report,
+// ack and signed table is sized exactly (ReportSize, AckSize, TableSize,
+// cluster name "sim") and every chunk is one message. Only the
+// replicated-counter baseline, which is not a Meridian protocol, estimates
+// its sync batches (name plus 8 bytes per key); its results say so
+// (BytesEstimated).
 package sim

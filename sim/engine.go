@@ -12,6 +12,7 @@ import (
 
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gcra/memstore"
+	"github.com/meridian-quota/meridian/gossip/wire"
 	"github.com/meridian-quota/meridian/rebalance"
 	"github.com/meridian-quota/meridian/region"
 )
@@ -250,7 +251,12 @@ func NewRun(sc *Scenario, strategy string, interval time.Duration, seed uint64, 
 	if err := r.buildRegions(); err != nil {
 		return nil, err
 	}
-	r.m = newMetrics(r)
+	y := yardstick{names: make([]string, len(r.keys)), budgets: make([]gcra.Limit, len(r.keys)),
+		regions: len(r.regions), warmup: r.warmup, shift: us(sc.Shift), end: r.end}
+	for i := range r.keys {
+		y.names[i], y.budgets[i] = r.keys[i].name, r.keys[i].budget
+	}
+	r.m = newMetrics(y)
 	return r, nil
 }
 
@@ -984,9 +990,7 @@ func (r *Run) deliver(b *syncBatch) {
 // sample records, for each top key, the share of its budget each region
 // runs at now (its regional rate in force ÷ the budget's rate).
 func (r *Run) sample() {
-	sec := int(r.now / 1_000_000)
 	for _, i := range r.m.top {
-		s := r.m.series[i]
 		k := &r.keys[i]
 		for ri, rg := range r.regions {
 			share := 1.0
@@ -1004,9 +1008,7 @@ func (r *Run) sample() {
 					}
 				}
 			}
-			if sec < len(s.Shares[ri]) {
-				s.Shares[ri][sec] = share
-			}
+			r.m.share(i, ri, share, r.now)
 		}
 	}
 }
@@ -1048,7 +1050,8 @@ func (r *Run) agentTick(ri, a int) {
 	n := rg.nodes[a]
 	local := r.now + rg.skew
 	if rep := n.Tick(local); rep != nil && !r.baseline() {
-		r.send(ri, evReport, int32(ri), int32(a), rep, reportBytes(rep))
+		bytes, msgs := wire.ReportSize(wireCluster, rep, local, wire.DefaultMaxMessage)
+		r.send(ri, evReport, int32(ri), int32(a), rep, bytes, msgs)
 	}
 	if r.baseline() {
 		return
@@ -1056,23 +1059,25 @@ func (r *Run) agentTick(ri, a int) {
 	term, epoch := n.InForce(local)
 	if tv := [2]uint64{term, epoch}; tv != rg.acked[a] && term > 0 {
 		rg.acked[a] = tv
-		r.send(ri, evAck, int32(ri), int32(a), tv, ackBytes)
+		ack := wire.Ack{Region: rg.name, Agent: fmt.Sprintf("%s-%d", rg.name, a+1), Term: term, Epoch: epoch, Sent: local}
+		r.send(ri, evAck, int32(ri), int32(a), tv, wire.AckSize(wireCluster, ack), 1)
 	}
 }
 
-// send delivers a message from region ri to the coordinator.
-func (r *Run) send(ri int, kind uint8, a, b int32, msg any, bytes int) {
+// send delivers a report or ack from region ri to the coordinator: msgs
+// messages (chunks) of bytes in all, lost or delivered together.
+func (r *Run) send(ri int, kind uint8, a, b int32, msg any, bytes, msgs int) {
 	switch kind {
 	case evReport:
-		r.dec.Reports++
+		r.dec.Reports += int64(msgs)
 		r.dec.ReportBytes += int64(bytes)
 	case evAck:
-		r.dec.Acks++
+		r.dec.Acks += int64(msgs)
 		r.dec.AckBytes += int64(bytes)
 	}
 	d, lost := r.link(ri, r.coordIdx)
 	if lost || !r.coordUp {
-		r.dec.Lost++
+		r.dec.Lost += int64(msgs)
 		return
 	}
 	r.schedule(event{t: r.now + d, kind: kind, a: a, b: b, msg: msg})
@@ -1082,12 +1087,13 @@ func (r *Run) send(ri int, kind uint8, a, b int32, msg any, bytes int) {
 func (r *Run) publish() {
 	for _, t := range r.coord.Ready() {
 		r.stored = t // compare-and-set into the KV bucket, then publish
+		bytes, msgs := wire.TableSize(wireCluster, t, wire.DefaultMaxMessage)
 		for ri := range r.regions {
-			r.dec.Tables++
-			r.dec.TableBytes += int64(tableBytes(t))
+			r.dec.Tables += int64(msgs)
+			r.dec.TableBytes += int64(bytes)
 			d, lost := r.link(r.coordIdx, ri)
 			if lost {
-				r.dec.Lost++
+				r.dec.Lost += int64(msgs)
 				continue
 			}
 			r.schedule(event{t: r.now + d, kind: evTable, a: int32(ri), msg: t})
@@ -1096,24 +1102,6 @@ func (r *Run) publish() {
 	r.coord.Advance()
 }
 
-// Byte estimates for the control traffic, until gossip/wire exists: labelled
-// as estimates in every report. A header of 64 bytes; per report key its
-// name and four varints (~4 bytes each); per table key its name, a varint
-// version, and 3 bytes per region's share.
-const ackBytes = 48
-
-func reportBytes(rep *rebalance.Report) int {
-	n := 64
-	for _, k := range rep.Keys {
-		n += len(k.Key) + 16
-	}
-	return n
-}
-
-func tableBytes(t *rebalance.Table) int {
-	n := 64 + 12*len(t.Regions)
-	for _, k := range t.Keys {
-		n += len(k.Key) + 4 + 3*len(k.Shares)
-	}
-	return n
-}
+// wireCluster is the cluster name the simulator's messages carry, for
+// their exact sizes in gossip/wire.
+const wireCluster = "sim"

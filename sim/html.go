@@ -25,7 +25,7 @@ td:first-child,th:first-child{text-align:left}.rec{font-weight:bold;margin:1em 0
 `, esc(rep.Scenario))
 	p("<h1>Scenario %s</h1><p>%s</p>\n", esc(rep.Scenario), esc(rep.Description))
 	p(`<p class="rec">Recommendation (%s): %s</p>`+"\n", esc(rep.Bounds), esc(rep.Recommendation))
-	p("<table><tr><th>strategy</th><th>interval</th><th>UA 1s</th><th>OA 1s</th><th>UA 10s</th><th>OA 10s</th><th>OA_budget</th><th>P 1s p99</th><th>fairness</th><th>converge s</th><th>disagree</th><th>msg/key·region/s</th><th>bytes/key·region/s (est.)</th></tr>\n")
+	p("<table><tr><th>strategy</th><th>interval</th><th>UA 1s</th><th>OA 1s</th><th>UA 10s</th><th>OA 10s</th><th>OA_budget</th><th>P 1s p99</th><th>fairness</th><th>converge s</th><th>disagree</th><th>msg/key·region/s</th><th>bytes/key·region/s</th></tr>\n")
 	for _, c := range rep.Cells {
 		p("<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
 			esc(c.Strategy), c.Interval.D(), pct(c.UA1s), pct(c.OA1s), pct(c.UA10s), pct(c.OA10s), pct(c.OABudget),

@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
 )
@@ -18,17 +19,29 @@ var windowSizes = []int64{1_000_000, 10_000_000}
 // charts. Each key's counters sit together (one struct per key, one per key
 // and window), so recording a request touches a few cache lines.
 type metrics struct {
-	r       *Run
-	regions int
-	warmup  int64
-	shift   int64
-	wins    []*winMetrics
+	yardstick
+	wins []*winMetrics
 
 	k                       []keyM
 	totalRequests, totalDis int64
 
 	top    []int // keys whose 1 s series are kept
 	series map[int]*keySeries
+
+	// onRecord, if set, sees every decision record is given (a test hook).
+	onRecord func(i, ri int, cost int64, allowed, oracle bool, t int64)
+}
+
+// yardstick is what the metrics know of the keys and the run: nothing of
+// how the decisions were made, so that a simulated run and a Scorer share
+// them.
+type yardstick struct {
+	names   []string     // key names, most popular first
+	budgets []gcra.Limit // each key's global budget
+	regions int
+	warmup  int64 // µs: decisions before count toward windows, not totals
+	shift   int64 // µs: convergence is measured from here (0: none)
+	end     int64 // µs: the end of the run
 }
 
 // keyM is one key's totals over the measured part of the run.
@@ -65,10 +78,9 @@ type winMetrics struct {
 	touched []int32
 }
 
-func newMetrics(r *Run) *metrics {
-	n, R := len(r.keys), len(r.regions)
-	m := &metrics{r: r, regions: R, warmup: r.warmup, shift: us(r.sc.Shift),
-		k: make([]keyM, n), series: map[int]*keySeries{}}
+func newMetrics(y yardstick) *metrics {
+	n, R := len(y.budgets), y.regions
+	m := &metrics{yardstick: y, k: make([]keyM, n), series: map[int]*keySeries{}}
 	for _, size := range windowSizes {
 		w := &winMetrics{size: size, k: make([]winKey, n), ar: make([]int64, n*R), asr: make([]int64, n*R)}
 		for i := range w.k {
@@ -79,7 +91,7 @@ func newMetrics(r *Run) *metrics {
 	// Keys are ranked by popularity: the first few are the top keys.
 	for i := 0; i < min(n, 5); i++ {
 		m.top = append(m.top, i)
-		secs := int(r.end/1_000_000) + 1
+		secs := int(y.end/1_000_000) + 1
 		ks := &keySeries{Offered: make([]int64, secs), Admitted: make([]int64, secs), Oracle: make([]int64, secs)}
 		for range R {
 			ks.Shares = append(ks.Shares, make([]float64, secs))
@@ -101,6 +113,9 @@ func (m *metrics) advance(t int64) {
 
 // record adds one decided request of key i in region ri at t.
 func (m *metrics) record(i, ri int, cost int64, allowed, oracle bool, t int64) {
+	if m.onRecord != nil {
+		m.onRecord(i, ri, cost, allowed, oracle, t)
+	}
 	m.offer(i, cost, allowed != oracle, t)
 	if allowed {
 		m.served(i, ri, cost, false, t)
@@ -178,8 +193,7 @@ func (m *metrics) served(i, ri int, cost int64, oracle bool, t int64) {
 	km.admitted += cost
 	// OA_budget: the admitted stream through GCRA(rate, burst) as a
 	// conformance meter; non-conforming admits do not advance it.
-	k := &m.r.keys[i]
-	if next, res, err := gcra.Allow(k.budget, km.meterTAT, t, cost); err == nil && res.Allowed {
+	if next, res, err := gcra.Allow(m.budgets[i], km.meterTAT, t, cost); err == nil && res.Allowed {
 		km.meterTAT = next
 	} else {
 		km.nonconf += cost
@@ -198,8 +212,8 @@ func (m *metrics) flush(w *winMetrics) {
 			wk.over += max(a-as, 0)
 			wk.under += max(as-a, 0)
 			wk.star += as
-			k := &m.r.keys[i]
-			capacity := float64(w.size)/float64(k.budget.IntervalMicros()) + float64(k.budget.Burst())
+			b := &m.budgets[i]
+			capacity := float64(w.size)/float64(b.IntervalMicros()) + float64(b.Burst())
 			wk.peak = max(wk.peak, float64(a)/capacity)
 			if wk.off > as { // the oracle denied some: the key is over budget
 				lo, hi, any := math.Inf(1), math.Inf(-1), false
@@ -235,6 +249,95 @@ func (m *metrics) flush(w *winMetrics) {
 		wk.mark = false
 	}
 	w.touched = w.touched[:0]
+}
+
+// share records the part of top key i's budget region ri runs at, at t
+// (one value per second; a key outside the top keys is not kept).
+func (m *metrics) share(i, ri int, part float64, t int64) {
+	s := m.series[i]
+	if s == nil || t < 0 {
+		return
+	}
+	if sec := t / 1_000_000; sec < int64(len(s.Shares[ri])) {
+		s.Shares[ri][sec] = part
+	}
+}
+
+// fill writes the metrics' part of a Result: the totals, the windows,
+// OA_budget, disagreement, per-key totals and the top keys' series. The
+// windows must have been closed (advance to end) first.
+func (m *metrics) fill(res *Result) {
+	measured := float64(m.end-m.warmup) / 1e6
+	// Keys the oracle never admits are excluded.
+	var keys []int
+	var weights []float64
+	for i := range m.k {
+		res.Offered += m.k[i].offered
+		res.Admitted += m.k[i].admitted
+		res.OracleAdmitted += m.k[i].oracle
+		if m.k[i].oracle > 0 {
+			keys = append(keys, i)
+			weights = append(weights, float64(m.k[i].offered))
+		}
+	}
+	vals := make([]float64, len(keys))
+	for _, w := range m.wins {
+		wr := WindowResult{Window: Duration(time.Duration(w.size) * time.Microsecond)}
+		for j, i := range keys {
+			vals[j] = float64(w.k[i].over) / float64(max(w.k[i].star, 1))
+		}
+		wr.OA = summarize(vals, weights)
+		for j, i := range keys {
+			vals[j] = float64(w.k[i].under) / float64(max(w.k[i].star, 1))
+		}
+		wr.UA = summarize(vals, weights)
+		for j, i := range keys {
+			vals[j] = w.k[i].peak
+		}
+		wr.Peak = summarize(vals, weights)
+		var fv, fw []float64
+		var cv, cw []float64
+		for j, i := range keys {
+			if w.k[i].fairN > 0 {
+				fv = append(fv, w.k[i].fairSum/float64(w.k[i].fairN))
+				fw = append(fw, weights[j])
+			}
+			if m.shift > 0 {
+				if w.k[i].conv >= 0 {
+					cv = append(cv, float64(w.k[i].conv)/1e6)
+					cw = append(cw, weights[j])
+				} else {
+					wr.NotConverged++
+				}
+			}
+		}
+		wr.Fairness = summarize(fv, fw)
+		wr.Convergence = summarize(cv, cw)
+		res.Windows = append(res.Windows, wr)
+	}
+	for j, i := range keys {
+		rate := 1e6 / float64(m.budgets[i].IntervalMicros())
+		vals[j] = float64(m.k[i].nonconf) / (rate * measured)
+	}
+	res.OABudget = summarize(vals, weights)
+	if m.totalRequests > 0 {
+		res.Disagreement = float64(m.totalDis) / float64(m.totalRequests)
+	}
+	w1 := m.wins[0]
+	for i := range m.k {
+		b := m.budgets[i]
+		res.Keys = append(res.Keys, KeyResult{Key: m.names[i], Budget: b.String(), IntervalMicros: b.IntervalMicros(),
+			Burst: b.Burst(), Offered: m.k[i].offered,
+			OracleAdmitted: m.k[i].oracle, Admitted: m.k[i].admitted,
+			OA1s:     float64(w1.k[i].over) / float64(max(w1.k[i].star, 1)),
+			UA1s:     float64(w1.k[i].under) / float64(max(w1.k[i].star, 1)),
+			OABudget: float64(m.k[i].nonconf) / (1e6 / float64(b.IntervalMicros()) * measured)})
+	}
+	for _, i := range m.top {
+		s := m.series[i]
+		res.Top = append(res.Top, TopKey{Key: m.names[i], Rate: 1e6 / float64(m.budgets[i].IntervalMicros()),
+			Offered: s.Offered, Admitted: s.Admitted, Oracle: s.Oracle, Shares: s.Shares})
+	}
 }
 
 // Summary is a metric across keys: the demand-weighted mean (weights are

@@ -22,8 +22,9 @@ type Result struct {
 	OABudget Summary `json:"oa_budget"`
 	// Disagreement: requests decided otherwise than the oracle ÷ requests.
 	Disagreement float64 `json:"disagreement"`
-	// Control cost per key-region per second. Bytes are an estimate until
-	// gossip/wire exists (BytesEstimated).
+	// Control cost per key-region per second: messages (chunks) and
+	// bytes as gossip/wire encodes them. BytesEstimated is set only for
+	// the replicated-counter baseline, whose sync batches are estimated.
 	Messages       float64 `json:"messages_per_key_region_s"`
 	Bytes          float64 `json:"bytes_per_key_region_s"`
 	BytesEstimated bool    `json:"bytes_estimated"`
@@ -80,83 +81,12 @@ type TopKey struct {
 }
 
 func (r *Run) result() *Result {
-	m := r.m
 	res := &Result{Scenario: r.sc.Name, Strategy: r.strategy, Interval: Duration(time.Duration(r.interval) * time.Microsecond),
 		Seed: r.seed, Requests: r.dec.Requests, Retries: r.dec.Retries, Dropped: r.dec.Dropped,
-		Fallbacks: r.dec.Fallbacks, Lost: r.dec.Lost, BytesEstimated: true}
-	measured := float64(r.end-r.warmup) / 1e6
-	// Keys the oracle never admits are excluded.
-	var keys []int
-	var weights []float64
-	for i := range r.keys {
-		res.Offered += m.k[i].offered
-		res.Admitted += m.k[i].admitted
-		res.OracleAdmitted += m.k[i].oracle
-		if m.k[i].oracle > 0 {
-			keys = append(keys, i)
-			weights = append(weights, float64(m.k[i].offered))
-		}
-	}
-	vals := make([]float64, len(keys))
-	for _, w := range m.wins {
-		wr := WindowResult{Window: Duration(time.Duration(w.size) * time.Microsecond)}
-		for j, i := range keys {
-			vals[j] = float64(w.k[i].over) / float64(max(w.k[i].star, 1))
-		}
-		wr.OA = summarize(vals, weights)
-		for j, i := range keys {
-			vals[j] = float64(w.k[i].under) / float64(max(w.k[i].star, 1))
-		}
-		wr.UA = summarize(vals, weights)
-		for j, i := range keys {
-			vals[j] = w.k[i].peak
-		}
-		wr.Peak = summarize(vals, weights)
-		var fv, fw []float64
-		var cv, cw []float64
-		for j, i := range keys {
-			if w.k[i].fairN > 0 {
-				fv = append(fv, w.k[i].fairSum/float64(w.k[i].fairN))
-				fw = append(fw, weights[j])
-			}
-			if m.shift > 0 {
-				if w.k[i].conv >= 0 {
-					cv = append(cv, float64(w.k[i].conv)/1e6)
-					cw = append(cw, weights[j])
-				} else {
-					wr.NotConverged++
-				}
-			}
-		}
-		wr.Fairness = summarize(fv, fw)
-		wr.Convergence = summarize(cv, cw)
-		res.Windows = append(res.Windows, wr)
-	}
-	for j, i := range keys {
-		rate := 1e6 / float64(r.keys[i].budget.IntervalMicros())
-		vals[j] = float64(m.k[i].nonconf) / (rate * measured)
-	}
-	res.OABudget = summarize(vals, weights)
-	if m.totalRequests > 0 {
-		res.Disagreement = float64(m.totalDis) / float64(m.totalRequests)
-	}
+		Fallbacks: r.dec.Fallbacks, Lost: r.dec.Lost, BytesEstimated: r.strategy == ReplicatedCounter}
+	r.m.fill(res)
 	kr := float64(len(r.keys)*len(r.regions)) * float64(r.end) / 1e6
 	res.Messages = float64(r.dec.Reports+r.dec.Tables+r.dec.Acks) / kr
 	res.Bytes = float64(r.dec.ReportBytes+r.dec.TableBytes+r.dec.AckBytes) / kr
-	w1 := m.wins[0]
-	for i := range r.keys {
-		k := &r.keys[i]
-		res.Keys = append(res.Keys, KeyResult{Key: k.name, Budget: k.budget.String(), IntervalMicros: k.budget.IntervalMicros(),
-			Burst: k.budget.Burst(), Offered: m.k[i].offered,
-			OracleAdmitted: m.k[i].oracle, Admitted: m.k[i].admitted,
-			OA1s:     float64(w1.k[i].over) / float64(max(w1.k[i].star, 1)),
-			UA1s:     float64(w1.k[i].under) / float64(max(w1.k[i].star, 1)),
-			OABudget: float64(m.k[i].nonconf) / (1e6 / float64(k.budget.IntervalMicros()) * measured)})
-	}
-	for _, i := range m.top {
-		s := m.series[i]
-		res.Top = append(res.Top, TopKey{Key: r.keys[i].name, Rate: 1e6 / float64(r.keys[i].budget.IntervalMicros()),
-			Offered: s.Offered, Admitted: s.Admitted, Oracle: s.Oracle, Shares: s.Shares})
-	}
 	return res
 }

@@ -266,7 +266,7 @@ func (rep *Report) conv(c Cell) string {
 func (rep *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "scenario %s: %d runs\n", rep.Scenario, len(rep.Runs))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "strategy\tinterval\tUA 1s\tOA 1s\tUA 10s\tOA 10s\tOA_budget\tP 1s p99\tfairness\tconverge s\tdisagree\tmsg/kr/s\tB/kr/s (est)\t")
+	fmt.Fprintln(tw, "strategy\tinterval\tUA 1s\tOA 1s\tUA 10s\tOA 10s\tOA_budget\tP 1s p99\tfairness\tconverge s\tdisagree\tmsg/kr/s\tB/kr/s\t")
 	for _, c := range rep.Cells {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", c.Strategy, c.Interval.D(),
 			pct(c.UA1s), pct(c.OA1s), pct(c.UA10s), pct(c.OA10s), pct(c.OABudget), num(c.PeakP99, 2),
@@ -292,7 +292,7 @@ func (rep *Report) WriteCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
 	head := []string{"scenario", "strategy", "interval_s", "seeds"}
 	for _, n := range []string{"ua_1s", "oa_1s", "ua_10s", "oa_10s", "oa_budget", "peak_1s_p99", "fairness_1s",
-		"convergence_s", "disagreement", "messages_per_key_region_s", "bytes_per_key_region_s_est"} {
+		"convergence_s", "disagreement", "messages_per_key_region_s", "bytes_per_key_region_s"} {
 		head = append(head, n, n+"_ci95")
 	}
 	if err := cw.Write(head); err != nil {
