@@ -184,6 +184,7 @@ func (fb *failBinding) Decide(ctx context.Context, s *gcra.Schedule, cost int64)
 
 // Run is one simulation: one scenario, strategy, interval and seed.
 type Run struct {
+	onArrival func(Arrival) // OnArrival
 	sc       *Scenario
 	strategy string
 	interval int64 // µs
@@ -805,6 +806,9 @@ func (r *Run) redisDown(ri int, t int64) bool {
 
 // arrive decides one request of key i in region ri, and the oracle with it.
 func (r *Run) arrive(i, ri int, cost int64, attempt int) {
+	if r.onArrival != nil {
+		r.onArrival(Arrival{T: r.now, Key: i, Region: ri, Cost: cost})
+	}
 	rg := r.regions[ri]
 	if r.regionDown(ri, r.now) {
 		r.dec.Dropped++
