@@ -185,11 +185,11 @@ func (fb *failBinding) Decide(ctx context.Context, s *gcra.Schedule, cost int64)
 // Run is one simulation: one scenario, strategy, interval and seed.
 type Run struct {
 	onArrival func(Arrival) // OnArrival
-	sc       *Scenario
-	strategy string
-	interval int64 // µs
-	seed     uint64
-	rng      *rand.Rand
+	sc        *Scenario
+	strategy  string
+	interval  int64 // µs
+	seed      uint64
+	rng       *rand.Rand
 
 	now     int64
 	seq     uint64
