@@ -133,6 +133,7 @@ type Status struct {
 	CoordinatorTerm uint64
 	Leader          bool
 	Members         map[string]int     // live agents by region (nil without membership)
+	TableIssued     int64              // µs, coordinator's clock: when the newest table received was issued (0: none)
 	ClockSkew       map[string]float64 // ms, by region; leader only
 }
 
@@ -160,6 +161,7 @@ type Loop struct {
 	tables chan *rebalance.Table
 
 	mu     sync.Mutex
+	issued int64 // the newest delivered table's Issued
 	leader bool
 	skew   map[string]float64
 	holder Leadership
@@ -281,7 +283,7 @@ func (l *Loop) Status() Status {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := Status{Cluster: l.cfg.Cluster, Connected: l.tr.Connected(), Leader: l.leader,
-		Coordinator: l.holder.ID, CoordinatorTerm: l.holder.Term}
+		Coordinator: l.holder.ID, CoordinatorTerm: l.holder.Term, TableIssued: l.issued}
 	if l.leader {
 		s.ClockSkew = maps.Clone(l.skew)
 	}
@@ -399,6 +401,9 @@ func (l *Loop) watchTables(ctx context.Context) error {
 			return
 		}
 		l.lastTerm, l.lastEpoch = t.Term, t.Epoch
+		l.mu.Lock()
+		l.issued = t.Issued
+		l.mu.Unlock()
 		select {
 		case l.tables <- t:
 		case <-ctx.Done():
@@ -696,6 +701,9 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 		return err
 	}
 	log.Info("coordinating", "latest_term", termOf(latest), "keys", len(keys))
+	l.mu.Lock()
+	l.holder = Leadership{Term: term, ID: l.cfg.Election.ID, Since: time.Now()}
+	l.mu.Unlock()
 	var members []rebalance.Member
 	syncMembers := func() {
 		if l.mem == nil {

@@ -21,8 +21,12 @@ type control struct{ *gossip.Loop }
 
 func (c control) Status() agent.ControlStatus {
 	s := c.Loop.Status()
-	return agent.ControlStatus{Cluster: s.Cluster, Connected: s.Connected, Coordinator: s.Coordinator,
+	cs := agent.ControlStatus{Cluster: s.Cluster, Connected: s.Connected, Coordinator: s.Coordinator,
 		CoordinatorTerm: s.CoordinatorTerm, Leader: s.Leader, Members: s.Members, ClockSkewMs: s.ClockSkew}
+	if s.TableIssued > 0 {
+		cs.TableAgeMs = float64(time.Now().UnixMicro()-s.TableIssued) / 1000
+	}
+	return cs
 }
 
 // coordinatorConfig is the rebalance core's configuration from the

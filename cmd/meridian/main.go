@@ -25,6 +25,7 @@ type command struct {
 // commands lists the subcommands; each parses its own flags and answers
 // --help.
 var commands = []command{
+	{"demo", "a whole cluster in one process — embedded NATS, three regions, live traffic — scored against the ideal limiter", runDemo},
 	{"agent", "run a region's agent: Envoy RLS v3 and a JSON API deciding on the region's Redis", runAgent},
 	{"gcra", "print the decision trace of a GCRA limit for a pattern of arrivals", runGCRA},
 	{"bench", "benchmarks: `bench redis` (the Redis store beside redis_rate), `bench agent` (RLS servers), `bench noop-rls`", runBench},

@@ -42,6 +42,9 @@ type ControlStatus struct {
 	CoordinatorTerm uint64 `json:"coordinator_term"`
 	// Leader is set while this agent is the coordinator.
 	Leader bool `json:"leader"`
+	// TableAgeMs is how long ago the newest table received was issued
+	// (by this agent's clock against the coordinator's); absent before any.
+	TableAgeMs float64 `json:"table_age_ms,omitempty"`
 	// Members is the live agents membership sees, by region.
 	Members map[string]int `json:"members,omitempty"`
 	// ClockSkewMs is, per region, how far its store's clock was from the
