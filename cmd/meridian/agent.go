@@ -113,19 +113,6 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-hup:
-				a.RequestReload()
-			}
-		}
-	}()
 	var cl *cluster
 	if cfg.Cluster.Enabled() {
 		// Reports carry the store's clock: the coordinator's skew estimate
@@ -141,6 +128,28 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				a.RequestReload()
+				if cl != nil {
+					// The memberlist keyring follows its key file: the
+					// three-step rotation is three edits and three SIGHUPs.
+					if err := cl.mem.ReloadKeys(); err != nil {
+						log.Error("gossip keyring not reloaded", "err", err)
+					} else {
+						log.Info("gossip keyring reloaded")
+					}
+				}
+			}
+		}
+	}()
 	log.Info("agent serving", "region", cfg.Region, "agent", cfg.Agent, "grpc", cfg.GRPC, "http", cfg.HTTP,
 		"policy", policy.Version(), "cluster", cfg.Cluster.Name)
 	return serveWithCluster(ctx, a, cl, func(ctx context.Context) error { return a.Run(ctx, gl, hl) })
