@@ -571,8 +571,17 @@ func (c *Coordinator) Tick(now int64) {
 		c.publish(now, now, c.cur, c.curB)
 		// The next rebalance waits for the increase to be in force: a
 		// table issued before then would supersede it while pending, and
-		// with Fence ≥ Δ increases would never land.
-		c.next = max(c.next, c.fence)
+		// with Fence ≥ Δ increases would never land. In force means on
+		// every store, whose clock may lag ours by MaxSkew (as an agent's
+		// InForce reckons it). A table that supersedes a change at the
+		// instant it takes effect leaves a key's state written under the
+		// limit before it (stores convert state lazily, on its next
+		// admission) older than the change the new table keeps; the
+		// store then reads that state as empty at the change *or its
+		// stored TAT*, whichever is later — under a small share with a
+		// large burst the TAT is seconds ahead, so the key carries that
+		// much phantom debt under its new, larger limit.
+		c.next = max(c.next, c.fence+int64(c.cfg.MaxSkew/time.Microsecond))
 	}
 	if now < c.next {
 		return
@@ -591,6 +600,15 @@ func (c *Coordinator) Tick(now int64) {
 func (c *Coordinator) decreaseInForce(now int64) bool {
 	if now >= c.waitUntil {
 		return true
+	}
+	if len(c.waitFor) == 0 {
+		// No agent to hear from (the previous table named none in a
+		// decreasing region, as the first table of a term, published
+		// before membership is known, does): the decrease is in force
+		// once every store's clock has passed its effective time. The
+		// increase supersedes it, and superseding a change sooner leaves
+		// state written before it to be read as older than it (see Tick).
+		return now >= c.decreased+int64(c.cfg.MaxSkew/time.Microsecond)
 	}
 	for k := range c.waitFor {
 		if !c.acked(k, c.term, c.decEpoch) {

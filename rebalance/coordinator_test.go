@@ -51,11 +51,16 @@ func mustCoordinator(t *testing.T, cfg Config, budgets ...Budget) *Coordinator {
 
 // settle completes a transition under way at now: every agent the latest
 // table names acknowledges it, and the coordinator ticks; it returns the
-// tables published meanwhile.
+// tables published meanwhile. A decrease that waits for no agent (the table
+// before it named none, as a term's first table does) is in force only once
+// its effective time plus MaxSkew has passed: the coordinator ticks then.
 func settle(t *testing.T, c *Coordinator, now int64) []*Table {
 	t.Helper()
 	var out []*Table
 	for i := 0; c.transition && i < 3; i++ {
+		if i > 0 && len(c.waitFor) == 0 {
+			now = max(now, c.decreased+int64(c.cfg.MaxSkew/time.Microsecond))
+		}
 		tb := c.Latest()
 		for ri, agents := range tb.Agents {
 			for _, a := range agents {
@@ -868,6 +873,11 @@ func TestConfigAndBudgetErrors(t *testing.T) {
 		if _, err := NewCoordinator(cfg, []Budget{budget("k")}); err == nil {
 			t.Errorf("%s: NewCoordinator accepted", name)
 		}
+	}
+	short := unitConfig("a", "b")
+	short.Lease = short.Interval + short.Fence + short.MaxSkew
+	if err := short.Validate(); err == nil || !strings.Contains(err.Error(), "lapses between two tables") {
+		t.Errorf("a lease of Interval + Fence + MaxSkew: Validate = %v, want it refused", err)
 	}
 	cfg := unitConfig("a", "b")
 	tests := []struct {

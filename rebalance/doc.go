@@ -140,13 +140,20 @@
 // or that region's lease plus MaxSkew has passed, and it takes effect at
 // least Fence after the decrease. So at any instant, whatever mix of tables
 // the regions run, no key's shares in force sum above PPM. With agents that
-// acknowledge a table as soon as it is in force, a shift of demand is
-// reflected within 2Δ + 4 one-way latencies + Fence: up to Δ until the next
+// acknowledge a table as soon as it is in force (MaxSkew after its
+// effective time, by their clocks), a shift of demand is reflected within
+// 2Δ + 4 one-way latencies + Fence + MaxSkew: up to Δ until the next
 // rebalance sees the new demand (reports are per closed interval, so up to
 // another Δ), a latency each for the report, the decrease, its
-// acknowledgement and the increase, and the fence. An agent that never
+// acknowledgement and the increase, the acknowledgement's MaxSkew and the
+// fence. A rebalance never runs before the previous increase is in force on
+// every store (its effective time plus MaxSkew): superseding a change at the
+// instant it takes effect would leave keys' state written under the limit
+// before it, which stores read as debt; so a shift that lands just after an
+// increase may wait up to another Fence + MaxSkew. An agent that never
 // acknowledges delays the increase to its region's previous lease plus
-// MaxSkew.
+// MaxSkew. Lease must exceed Δ + Fence + MaxSkew, or leases would lapse
+// between a healthy coordinator's tables.
 //
 // A coordinator acts under a term, the fencing number its election gives.
 // StartTerm hands it the newest stored table: it republishes those shares

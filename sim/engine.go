@@ -571,7 +571,14 @@ func (r *Run) Simulate() (*Result, error) {
 		r.schedule(event{t: us(r.sc.Sync), kind: evSync})
 	case Oracle:
 	default:
-		r.schedule(event{t: r.interval, kind: evCoordTick})
+		// The coordinator's loop runs on its own timer, half a tick out of
+		// step with the agents' (in a deployment the phase between them is
+		// arbitrary). In lockstep, and ordered before the agents' ticks,
+		// every rebalance would run at the instant the agents close an
+		// interval, a link latency before that interval's reports arrive,
+		// and so decide on demand a whole Δ older than it need be — the
+		// first one on no demand at all.
+		r.schedule(event{t: r.interval + r.tickEvery/2, kind: evCoordTick})
 	}
 	for _, f := range r.sc.Coordinator.Failovers {
 		r.schedule(event{t: us(f.At), kind: evFailoverDown})
