@@ -194,6 +194,7 @@ type snapshot struct {
 	hasTable bool
 	term     uint64
 	epoch    uint64
+	issued   int64 // the table's Issued (µs, the coordinator's clock)
 	// effective is the table's effective time; until it passes, reports
 	// name the table in force before it (prevTerm, prevEpoch).
 	effective           int64
@@ -259,6 +260,10 @@ func (n *Node) SetPolicy(p *Policy) {
 	s.policy = p
 	n.publish(&s)
 }
+
+// SafeShare is this region's floor in ppm: the share every key runs at
+// before the first table, and the cap on every key once the lease lapses.
+func (n *Node) SafeShare() uint32 { return n.safe }
 
 // Interval is Δ, the report interval Tick closes.
 func (n *Node) Interval() time.Duration { return n.cfg.Interval }

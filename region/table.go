@@ -13,6 +13,9 @@ import (
 type TableState struct {
 	HasTable    bool
 	Term, Epoch uint64
+	// Issued is when the coordinator issued the table (µs on its clock);
+	// 0 without a table.
+	Issued int64
 	// LeaseExpiry is when the table's lease for this region ends (µs on the
 	// coordinator's clock, which the lease is measured on); 0 without a
 	// table.
@@ -27,7 +30,7 @@ type TableState struct {
 // Tick/Apply goroutine.
 func (n *Node) Table() TableState {
 	s := n.snap.Load()
-	return TableState{HasTable: s.hasTable, Term: s.term, Epoch: s.epoch, LeaseExpiry: n.leaseExpiry.Load(),
+	return TableState{HasTable: s.hasTable, Term: s.term, Epoch: s.epoch, Issued: s.issued, LeaseExpiry: n.leaseExpiry.Load(),
 		Lapsed: s.lapsed, Keys: len(s.rows.rows)}
 }
 
@@ -107,7 +110,7 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 		prevTerm, prevEpoch = old.prevTerm, old.prevEpoch // the old table never came into force
 	}
 	n.publish(&snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
-		effective: t.Effective, prevTerm: prevTerm, prevEpoch: prevEpoch, rows: rs})
+		issued: t.Issued, effective: t.Effective, prevTerm: prevTerm, prevEpoch: prevEpoch, rows: rs})
 	if now >= n.leaseExpiry.Load() {
 		n.lapse(now)
 	}

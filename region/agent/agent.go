@@ -66,6 +66,7 @@ type Agent struct {
 	errors    prometheus.Counter
 	reloads   *prometheus.CounterVec
 	denied    prometheus.Counter
+	shares    atomic.Pointer[shareStats] // of the table applied last; nil: the safe share
 
 	reloadMu   sync.Mutex                      // serializes Reload
 	storeCheck func(ctx context.Context) error // readiness: does the store answer?
@@ -169,7 +170,10 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 			}
 			return 0
 		}),
+		tableGauge("meridian_table_age_seconds", "Seconds since the coordinator issued the table applied (this agent's clock minus the coordinator's, so skew shifts it; 0 without a table). "+
+			"The coordinator issues a table every interval (after an increase the next waits out the fence): an age well past interval + fence means tables stopped arriving.", tableAge),
 	)
+	a.reg.MustRegister(a.shareCollectors()...)
 	a.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meridian_policy_reloads_total", Help: "Policy reloads, by result (ok, rejected).",
 	}, []string{"result"})
@@ -689,7 +693,11 @@ loop:
 		case <-ctx.Done():
 			break loop
 		case t := <-tables:
-			a.ctrl.Applied(t, a.node.Apply(t, a.now()))
+			aerr := a.node.Apply(t, a.now())
+			if aerr == nil {
+				a.noteApplied(t)
+			}
+			a.ctrl.Applied(t, aerr)
 		case err = <-errc:
 			if err != nil {
 				break loop
