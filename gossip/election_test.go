@@ -77,7 +77,7 @@ func (r *referee) waitLeader(t *testing.T, not ...string) (string, uint64) {
 	t.Helper()
 	var id string
 	var term uint64
-	waitUntil(t, "a leader other than "+strings.Join(not, ", "), func() error {
+	eventually(t, natsDeadline, "a leader other than "+strings.Join(not, ", "), func() error {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		id, term = r.leader, r.term
@@ -291,21 +291,7 @@ func TestElectionConfigValidate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.give.Validate()
-			if len(tt.want) == 0 {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("Validate: nil, want %q", tt.want)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("Validate: %v\nwant it to contain %q", err, w)
-				}
-			}
+			checkErrs(t, "Validate()", tt.give.Validate(), tt.want)
 		})
 	}
 

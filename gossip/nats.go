@@ -602,6 +602,16 @@ func (t *Transport) Connected() bool {
 	return t.pub.IsConnected() && t.kvc.IsConnected()
 }
 
+// isClosed reports whether Close was called.
+func (t *Transport) isClosed() bool {
+	select {
+	case <-t.closed:
+		return true
+	default:
+		return false
+	}
+}
+
 // reconnectSignal returns a channel closed at the next reconnect of the
 // JetStream connection.
 func (t *Transport) reconnectSignal() <-chan struct{} {
@@ -714,10 +724,8 @@ func isConflict(err error) bool {
 // kvErr wraps a KV call's error, naming ErrClosed once the transport is
 // closed.
 func (t *Transport) kvErr(what string, err error) error {
-	select {
-	case <-t.closed:
+	if t.isClosed() {
 		return fmt.Errorf("gossip: %s: %w", what, ErrClosed)
-	default:
 	}
 	if errors.Is(err, nats.ErrReconnectBufExceeded) {
 		return fmt.Errorf("gossip: %s: NATS disconnected (not sent): %w", what, err)
@@ -860,6 +868,10 @@ func (t *Transport) FetchChunks(ctx context.Context, term, epoch uint64, count i
 // reconnect. A head whose revision went backwards (the bucket was deleted
 // and recreated) is not delivered until it passes the last one seen.
 func (t *Transport) WatchTables(ctx context.Context, fn func(head []byte, rev uint64)) error {
+	// Everything below stops when ctx ends or the transport closes; the
+	// end tells the two apart.
+	ctx, cancel := cancelOn(ctx, t.closed)
+	defer cancel()
 	key := t.keyPre + keyHead
 	var last uint64
 	deliver := func(e jetstream.KeyValueEntry) {
@@ -871,19 +883,12 @@ func (t *Transport) WatchTables(ctx context.Context, fn func(head []byte, rev ui
 	}
 	wait := retryMin
 	failures := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.closed:
-			return ErrClosed
-		default:
-		}
+	for ctx.Err() == nil {
 		reconnected := t.reconnectSignal()
 		w, err := t.watchHead(ctx, key, reconnected)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				break
 			}
 			failures++
 			if failures == 1 {
@@ -891,9 +896,6 @@ func (t *Transport) WatchTables(ctx context.Context, fn func(head []byte, rev ui
 			}
 			select {
 			case <-ctx.Done():
-				return nil
-			case <-t.closed:
-				return ErrClosed
 			case <-reconnected:
 			case <-time.After(wait):
 			}
@@ -904,12 +906,26 @@ func (t *Transport) WatchTables(ctx context.Context, fn func(head []byte, rev ui
 			t.log.Info("table watch: resumed", "after_failures", failures)
 		}
 		wait, failures = retryMin, 0
-		err = t.follow(ctx, w, reconnected, deliver)
+		t.follow(ctx, w, reconnected, deliver)
 		stopWatch(w)
-		if err != nil {
-			return err
-		}
 	}
+	if t.isClosed() {
+		return ErrClosed
+	}
+	return nil
+}
+
+// cancelOn returns a copy of ctx that also ends when done is closed.
+func cancelOn(ctx context.Context, done <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // watchHead creates the KV watch of key. The consumer-creation request is
@@ -917,35 +933,27 @@ func (t *Transport) WatchTables(ctx context.Context, fn func(head []byte, rev ui
 // request written just before a disconnect is lost, and waiting out the
 // timeout would only delay the retry.
 func (t *Transport) watchHead(ctx context.Context, key string, reconnected <-chan struct{}) (jetstream.KeyWatcher, error) {
-	wctx, cancel := context.WithTimeout(ctx, watchSetup)
+	ctx, cancel := cancelOn(ctx, reconnected)
 	defer cancel()
-	go func() {
-		select {
-		case <-reconnected:
-			cancel()
-		case <-wctx.Done():
-		}
-	}()
-	return t.kv.Watch(wctx, key)
+	ctx, stop := context.WithTimeout(ctx, watchSetup)
+	defer stop()
+	return t.kv.Watch(ctx, key)
 }
 
-// follow delivers a watch's entries until ctx ends (nil), the transport
-// closes (ErrClosed), the KV connection reconnects or the watch ends
-// (nil, to recreate it).
-func (t *Transport) follow(ctx context.Context, w jetstream.KeyWatcher, reconnected <-chan struct{}, deliver func(jetstream.KeyValueEntry)) error {
+// follow delivers a watch's entries until ctx ends, the KV connection
+// reconnects or the watch ends (to be recreated).
+func (t *Transport) follow(ctx context.Context, w jetstream.KeyWatcher, reconnected <-chan struct{}, deliver func(jetstream.KeyValueEntry)) {
 	resync := time.NewTicker(t.resync)
 	defer resync.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-t.closed:
-			return ErrClosed
+			return
 		case <-reconnected:
-			return nil
+			return
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil
+				return
 			}
 			deliver(e) // nil marks the end of the initial values
 		case <-resync.C:

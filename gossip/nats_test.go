@@ -38,28 +38,10 @@ func natsTestConfig(url string) NATSConfig {
 	return cfg
 }
 
-// syncBuffer is a log sink for several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // natsLogger logs to the test's log and to buf (when not nil). nats.go
 // calls its connection handlers on a goroutine of its own, possibly after
 // the test ended; lines logged then are dropped.
-func natsLogger(t testing.TB, buf *syncBuffer) *slog.Logger {
+func natsLogger(t testing.TB, buf *logBuffer) *slog.Logger {
 	tw := &testWriter{t: t}
 	t.Cleanup(func() {
 		tw.mu.Lock()
@@ -110,23 +92,6 @@ func dialT(t testing.TB, cluster string, cfg NATSConfig) *Transport {
 	return tr
 }
 
-// waitUntil polls cond every 10 ms until it returns nil, failing the test
-// with its last error after natsDeadline.
-func waitUntil(t testing.TB, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(natsDeadline)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v: %v", what, natsDeadline, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // recv returns the next value from ch or fails the test after natsDeadline.
 func recv[T any](t testing.TB, ch <-chan T, what string) T {
 	t.Helper()
@@ -136,6 +101,26 @@ func recv[T any](t testing.TB, ch <-chan T, what string) T {
 	case <-time.After(natsDeadline):
 		t.Fatalf("%s: nothing within %v", what, natsDeadline)
 		panic("unreachable")
+	}
+}
+
+// checkErrs fails the test unless err contains every string of want, or,
+// with no want, unless err is nil; what names the call.
+func checkErrs(t testing.TB, what string, err error, want []string) {
+	t.Helper()
+	if len(want) == 0 {
+		if err != nil {
+			t.Fatalf("%s = %v, want nil", what, err)
+		}
+		return
+	}
+	if err == nil {
+		t.Fatalf("%s = nil, want %q", what, want)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("%s = %v\nwant it to contain %q", what, err, w)
+		}
 	}
 }
 
@@ -209,21 +194,8 @@ func TestNATSConfigValidate(t *testing.T) {
 			c := DefaultNATSConfig()
 			tt.give(&c)
 			err := c.Validate()
-			if len(tt.want) == 0 {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("Validate: nil, want %q", tt.want)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("Validate: %v\nwant it to contain %q", err, w)
-				}
-			}
-			if tt.never != "" && strings.Contains(err.Error(), tt.never) {
+			checkErrs(t, "Validate()", err, tt.want)
+			if err != nil && tt.never != "" && strings.Contains(err.Error(), tt.never) {
 				t.Errorf("Validate leaks a secret: %v", err)
 			}
 		})
@@ -270,10 +242,18 @@ func TestServerVersion(t *testing.T) {
 	}
 }
 
-// collector gathers messages delivered to a subscription callback.
-func collector() (func([]byte), <-chan []byte) {
+// collect subscribes with subscribe (a Transport's SubscribeReports or
+// SubscribeAcks) and returns the messages delivered and the subscription's
+// stop, which also runs when the test ends.
+func collect(t testing.TB, subscribe func(func([]byte)) (func(), error)) (<-chan []byte, func()) {
+	t.Helper()
 	ch := make(chan []byte, 64)
-	return func(b []byte) { ch <- b }, ch
+	stop, err := subscribe(func(b []byte) { ch <- b })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return ch, stop
 }
 
 func TestReportsAndAcksRoundTrip(t *testing.T) {
@@ -281,18 +261,8 @@ func TestReportsAndAcksRoundTrip(t *testing.T) {
 	agent := dialT(t, "c1", natsTestConfig(srv.URL()))
 	coord := dialT(t, "c1", natsTestConfig(srv.URL()))
 
-	onReport, reports := collector()
-	stopR, err := coord.SubscribeReports(onReport)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopR()
-	onAck, acks := collector()
-	stopA, err := coord.SubscribeAcks(onAck)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopA()
+	reports, stopR := collect(t, coord.SubscribeReports)
+	acks, _ := collect(t, coord.SubscribeAcks)
 
 	chunks := [][]byte{[]byte("report-0"), []byte("report-1"), []byte("report-2")}
 	if err := agent.PublishReport("eu", "eu-1", chunks); err != nil {
@@ -350,12 +320,7 @@ func TestClustersIsolated(t *testing.T) {
 	a := dialT(t, "blue", natsTestConfig(srv.URL()))
 	b := dialT(t, "green", natsTestConfig(srv.URL()))
 
-	onReport, reports := collector()
-	stop, err := b.SubscribeReports(onReport)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	reports, _ := collect(t, b.SubscribeReports)
 	if err := a.PublishReport("eu", "eu-1", [][]byte{[]byte("blue")}); err != nil {
 		t.Fatal(err)
 	}
@@ -525,7 +490,7 @@ func TestWatchTables(t *testing.T) {
 	// The server restarts (same store): the watch resumes and delivers
 	// neither h3 again nor anything older.
 	srv.Restart()
-	waitUntil(t, "h4 stored after the restart", func() error {
+	eventually(t, natsDeadline, "h4 stored after the restart", func() error {
 		sctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		nrev, err := w.StoreTable(sctx, rev, 1, 4, [][]byte{[]byte("h4")})
@@ -592,7 +557,7 @@ func TestKVNeverReplayed(t *testing.T) {
 	}
 
 	srv.Shutdown()
-	waitUntil(t, "both connections down", func() error {
+	eventually(t, natsDeadline, "both connections down", func() error {
 		if tr.kvc.IsConnected() || tr.pub.IsConnected() {
 			return errors.New("still connected")
 		}
@@ -618,7 +583,7 @@ func TestKVNeverReplayed(t *testing.T) {
 	}
 
 	srv.Restart()
-	waitUntil(t, "reconnected with JetStream", func() error {
+	eventually(t, natsDeadline, "reconnected with JetStream", func() error {
 		head, hrev, ok, err := tr.LatestTable(ctx)
 		if err != nil {
 			return err
@@ -691,7 +656,7 @@ func TestAuth(t *testing.T) {
 	// outcome; logs and errors never contain a secret.
 	mustDial := func(t *testing.T, url string, ok bool, give func(c *NATSConfig)) {
 		t.Helper()
-		var logs syncBuffer
+		var logs logBuffer
 		cfg := natsTestConfig(url)
 		give(&cfg)
 		// A refused client fails fast on an authorization error; on other

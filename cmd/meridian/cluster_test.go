@@ -369,6 +369,41 @@ func (c *tCluster) offer(regionName, tenant string, rate float64) *load {
 
 func (l *load) end() { close(l.stop); l.wg.Wait() }
 
+// hold offers tenant traffic in a region (400 requests/s) until its agent
+// holds most of the tenant's budget (above 70 %), and returns the load.
+func (c *tCluster) hold(regionName, tenant string) *load {
+	c.t.Helper()
+	l := c.offer(regionName, tenant, 400)
+	key := keyOf(tenant)
+	waitFor(c.t, 15*time.Second, regionName+" holding most of "+tenant+"'s budget", func() bool {
+		s, _ := c.agents[regionName].share(key)
+		return s > 700_000
+	})
+	return l
+}
+
+// besides returns a region whose agent is not a: eu, or us when a is eu's.
+func besides(a *tAgent) string {
+	if a.name == "eu" {
+		return "us"
+	}
+	return "eu"
+}
+
+// dial connects a transport of the test's own to the cluster's bucket (as
+// a stale or hostile writer would), closed when the test ends.
+func (c *tCluster) dial() *gossip.Transport {
+	c.t.Helper()
+	nc := gossip.DefaultNATSConfig()
+	nc.URLs, nc.Bucket, nc.Replicas = []string{c.nats.URL()}, "meridian-"+c.name, 1
+	tr, err := gossip.Dial(context.Background(), c.name, nc, nil)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(tr.Close)
+	return tr
+}
+
 func keyOf(tenant string) string {
 	return region.KeyName("api", []region.Entry{{Key: "tenant", Value: tenant}})
 }
@@ -429,12 +464,7 @@ func TestClusterShift(t *testing.T) {
 	c.startAll()
 	c.leader(10*time.Second, "")
 	key := keyOf("acme")
-	eu := c.offer("eu", "acme", 400)
-	waitFor(t, 15*time.Second, "eu holding most of acme's budget", func() bool {
-		s, _ := c.agents["eu"].share(key)
-		return s > 700_000
-	})
-	eu.end()
+	c.hold("eu", "acme").end()
 	ap := c.offer("ap", "acme", 400)
 	defer ap.end()
 	// The core's bound (rebalance/doc.go): 2Δ + 4 one-way latencies +
@@ -464,16 +494,9 @@ func TestClusterFailover(t *testing.T) {
 	c.startAll()
 	key := keyOf("acme")
 	old := c.leader(10*time.Second, "")
-	home := "eu"
-	if old.name == "eu" {
-		home = "us"
-	}
-	l := c.offer(home, "acme", 400)
+	home := besides(old)
+	l := c.hold(home, "acme")
 	defer l.end()
-	waitFor(t, 15*time.Second, home+" holding most of acme's budget", func() bool {
-		s, _ := c.agents[home].share(key)
-		return s > 700_000
-	})
 	before := map[string]uint32{}
 	for _, r := range tNames {
 		before[r], _ = c.agents[r].share(key)
@@ -503,13 +526,7 @@ func TestClusterFailover(t *testing.T) {
 		}
 	}
 	// The deposed coordinator, returning with what it knew, is fenced.
-	nc := gossip.DefaultNATSConfig()
-	nc.URLs, nc.Bucket, nc.Replicas = []string{c.nats.URL()}, "meridian-"+c.name, 1
-	tr, err := gossip.Dial(context.Background(), c.name, nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
+	tr := c.dial()
 	stale := &rebalance.Table{Term: term - 1, Epoch: 1 << 40, Regions: tNames, Leases: make([]int64, 3), Agents: make([][]string, 3)}
 	chunks, err := wire.EncodeTable(c.name, stale, c.sign, wire.DefaultMaxMessage)
 	if err != nil {
@@ -528,16 +545,8 @@ func TestClusterRegionLoss(t *testing.T) {
 	c := newTCluster(t)
 	c.startAll()
 	key := keyOf("acme")
-	ld := c.leader(10*time.Second, "")
-	victim := "eu"
-	if ld.name == "eu" {
-		victim = "us"
-	}
-	l := c.offer(victim, "acme", 400)
-	waitFor(t, 15*time.Second, victim+" holding most of acme's budget", func() bool {
-		s, _ := c.agents[victim].share(key)
-		return s > 700_000
-	})
+	victim := besides(c.leader(10*time.Second, ""))
+	l := c.hold(victim, "acme")
 	lease := c.agents[victim].node.Table().LeaseExpiry
 	l.end()
 	c.agents[victim].stop()
@@ -699,13 +708,7 @@ func TestClusterRefusesForgedAndReplayedTables(t *testing.T) {
 	c.leader(10*time.Second, "")
 	eu := c.agents["eu"]
 	waitFor(t, 10*time.Second, "a table at eu", func() bool { return eu.node.Table().HasTable })
-	nc := gossip.DefaultNATSConfig()
-	nc.URLs, nc.Bucket, nc.Replicas = []string{c.nats.URL()}, "meridian-"+c.name, 1
-	tr, err := gossip.Dial(context.Background(), c.name, nc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
+	tr := c.dial()
 	head, rev, _, err := tr.LatestTable(context.Background())
 	if err != nil {
 		t.Fatal(err)

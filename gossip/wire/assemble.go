@@ -88,6 +88,42 @@ func (a *Assembler) drop(id setID) {
 	a.dropped++
 }
 
+// checkIndex is checkChunk for a chunk handed in by the caller, whose
+// index may be negative.
+func (a *Assembler) checkIndex(index, count int) string {
+	if index < 0 {
+		return fmt.Sprintf("index %d negative", index)
+	}
+	return checkChunk(uint64(index), uint64(max(count, 0)), a.lim)
+}
+
+// addChunk files c, chunk index of a set of count chunks holding nkeys keys,
+// in p, the partial set id, whose chunks of c's kind are slots. It returns
+// done once the set is complete (and no longer pending); a chunk that
+// contradicts the set is refused with an error that begins with where()
+// and, unless it is a duplicate, drops the set.
+func addChunk[C any](a *Assembler, id setID, p *partial, slots []*C, c *C, index, count, nkeys int, where func() string) (done bool, err error) {
+	if count != p.count {
+		a.drop(id)
+		return false, invalidf("%s: count %d, but chunk %d says %d", where(), count, p.first, p.count)
+	}
+	if slots[index] != nil {
+		return false, invalidf("%s: duplicate chunk", where())
+	}
+	if p.nkeys+nkeys > a.lim.MaxKeys {
+		a.drop(id)
+		return false, invalidf("%s: more than %d keys", where(), a.lim.MaxKeys)
+	}
+	slots[index] = c
+	p.nkeys += nkeys
+	p.got++
+	if p.got < p.count {
+		return false, nil
+	}
+	delete(a.pending, id)
+	return true, nil
+}
+
 // AddReport adds one chunk and returns the whole report once its last
 // chunk arrived (done), with the keys of every chunk in chunk order.
 func (a *Assembler) AddReport(c *ReportChunk) (r *rebalance.Report, done bool, err error) {
@@ -101,10 +137,7 @@ func (a *Assembler) AddReport(c *ReportChunk) (r *rebalance.Report, done bool, e
 	where := func() string {
 		return fmt.Sprintf("report %q/%q interval %d chunk %d", cr.Region, cr.Agent, cr.Interval, c.Index)
 	}
-	if why := checkChunk(uint64(max(c.Index, 0)), uint64(max(c.Count, 0)), a.lim); why != "" || c.Index < 0 {
-		if c.Index < 0 {
-			why = fmt.Sprintf("index %d negative", c.Index)
-		}
+	if why := a.checkIndex(c.Index, c.Count); why != "" {
 		return nil, false, invalidf("%s: %s", where(), why)
 	}
 	if err := checkReportChunk(cr, a.lim); err != nil {
@@ -120,29 +153,17 @@ func (a *Assembler) AddReport(c *ReportChunk) (r *rebalance.Report, done bool, e
 	if p.report == nil {
 		p.report = make([]*ReportChunk, c.Count)
 	}
-	if c.Count != p.count {
-		a.drop(id)
-		return nil, false, invalidf("%s: count %d, but chunk %d says %d", where(), c.Count, p.first, p.count)
-	}
-	if f := p.report[p.first]; f != nil && (f.Sent != c.Sent || f.Report.Term != cr.Term || f.Report.Epoch != cr.Epoch || f.Report.PolicyVersion != cr.PolicyVersion) {
+	// Every chunk carries the report's fields: they must agree with the
+	// first chunk's (a chunk of another count is addChunk's to refuse).
+	if f := p.report[p.first]; f != nil && c.Count == p.count &&
+		(f.Sent != c.Sent || f.Report.Term != cr.Term || f.Report.Epoch != cr.Epoch || f.Report.PolicyVersion != cr.PolicyVersion) {
 		a.drop(id)
 		return nil, false, invalidf("%s: sent %d term %d epoch %d policy %q, but chunk %d says sent %d term %d epoch %d policy %q",
 			where(), c.Sent, cr.Term, cr.Epoch, cr.PolicyVersion, p.first, f.Sent, f.Report.Term, f.Report.Epoch, f.Report.PolicyVersion)
 	}
-	if p.report[c.Index] != nil {
-		return nil, false, invalidf("%s: duplicate chunk", where())
+	if done, err := addChunk(a, id, p, p.report, c, c.Index, c.Count, len(cr.Keys), where); !done {
+		return nil, false, err
 	}
-	if p.nkeys+len(cr.Keys) > a.lim.MaxKeys {
-		a.drop(id)
-		return nil, false, invalidf("%s: more than %d keys", where(), a.lim.MaxKeys)
-	}
-	p.report[c.Index] = c
-	p.nkeys += len(cr.Keys)
-	p.got++
-	if p.got < p.count {
-		return nil, false, nil
-	}
-	delete(a.pending, id)
 	out := *cr
 	out.Keys = nil
 	if p.nkeys > 0 {
@@ -167,16 +188,7 @@ func checkReportChunk(r *rebalance.Report, lim Limits) error {
 	if len(r.Keys) > lim.MaxKeys {
 		return fmt.Errorf("%d keys, above the limit of %d", len(r.Keys), lim.MaxKeys)
 	}
-	for i := range r.Keys {
-		k := &r.Keys[i]
-		if k.Key == "" || len(k.Key) > lim.MaxKeyLen {
-			return fmt.Errorf("key %d: key name of %d bytes outside [1, %d]", i, len(k.Key), lim.MaxKeyLen)
-		}
-		if k.Offered < 0 || k.OfferedCost < 0 || k.Admitted < 0 || k.Denied < 0 {
-			return fmt.Errorf("key %d: negative demand %+v", i, k.Demand)
-		}
-	}
-	return nil
+	return checkDemands(r.Keys, lim.MaxKeyLen)
 }
 
 // AddTable adds one chunk and returns the whole table once its last chunk
@@ -193,10 +205,7 @@ func (a *Assembler) AddTable(c *TableChunk) (t *rebalance.Table, done bool, err 
 		return nil, false, invalidf("table chunk: nil")
 	}
 	where := func() string { return fmt.Sprintf("table term %d epoch %d chunk %d", c.Term, c.Epoch, c.Index) }
-	if why := checkChunk(uint64(max(c.Index, 0)), uint64(max(c.Count, 0)), a.lim); why != "" || c.Index < 0 {
-		if c.Index < 0 {
-			why = fmt.Sprintf("index %d negative", c.Index)
-		}
+	if why := a.checkIndex(c.Index, c.Count); why != "" {
 		return nil, false, invalidf("%s: %s", where(), why)
 	}
 	switch {
@@ -219,24 +228,9 @@ func (a *Assembler) AddTable(c *TableChunk) (t *rebalance.Table, done bool, err 
 	if p.table == nil {
 		p.table = make([]*TableChunk, c.Count)
 	}
-	if c.Count != p.count {
-		a.drop(id)
-		return nil, false, invalidf("%s: count %d, but chunk %d says %d", where(), c.Count, p.first, p.count)
+	if done, err := addChunk(a, id, p, p.table, c, c.Index, c.Count, len(c.Keys), where); !done {
+		return nil, false, err
 	}
-	if p.table[c.Index] != nil {
-		return nil, false, invalidf("%s: duplicate chunk", where())
-	}
-	if p.nkeys+len(c.Keys) > a.lim.MaxKeys {
-		a.drop(id)
-		return nil, false, invalidf("%s: more than %d keys", where(), a.lim.MaxKeys)
-	}
-	p.table[c.Index] = c
-	p.nkeys += len(c.Keys)
-	p.got++
-	if p.got < p.count {
-		return nil, false, nil
-	}
-	delete(a.pending, id)
 	t, err = joinTable(p.table, a.lim)
 	if err != nil {
 		a.dropped++

@@ -49,33 +49,25 @@ func Decode(cluster string, b []byte, lim Limits, keys []ed25519.PublicKey) (Mes
 		signed         = -1 // offset of the signature field
 		after          bool // a field follows the signature
 	)
-	for off := 0; off < len(b); {
-		f, n, why := readField(b[off:])
-		if why != "" {
-			return Message{}, invalidf("envelope at byte %d: %s", off, why)
-		}
-		switch f.num {
+	fr := fieldReader{msg: b}
+	for fr.next() {
+		after = after || signed >= 0
+		switch f := &fr.f; f.num {
 		case fEnvVersion:
-			why = seen.once(f, protowire.VarintType)
-			version = f.v
+			fr.why = seen.u64(f, &version)
 		case fEnvCluster:
-			why = seen.once(f, protowire.BytesType)
-			clu = f.b
+			fr.why = seen.bytes(f, &clu)
 		case fEnvKind:
-			why = seen.once(f, protowire.VarintType)
-			kind = f.v
+			fr.why = seen.u64(f, &kind)
 		case fEnvBody:
-			why = seen.once(f, protowire.BytesType)
-			body = f.b
+			fr.why = seen.bytes(f, &body)
 		case fEnvSignature:
-			why = seen.once(f, protowire.BytesType)
-			sig, signed = f.b, off
+			fr.why = seen.bytes(f, &sig)
+			signed = fr.off
 		}
-		if why != "" {
-			return Message{}, invalidf("envelope at byte %d: %s", off, why)
-		}
-		off += n
-		after = after || (signed >= 0 && off < len(b))
+	}
+	if fr.why != "" {
+		return Message{}, invalidf("envelope at byte %d: %s", fr.off, fr.why)
 	}
 	if version != Version {
 		return Message{}, invalidf("version %d, this decoder reads version %d", version, Version)
@@ -149,51 +141,108 @@ type field struct {
 	b   []byte
 }
 
-// readField reads the field at the start of b and returns it with its
-// length in bytes, or why it cannot be read.
-func readField(b []byte) (f field, n int, why string) {
+// fieldReader reads the fields of msg in order, as a bufio.Scanner reads
+// lines: each call of next reads one into f and reports whether it could.
+// It stops at the end of msg, at a field that cannot be read, or once the
+// caller set why, the reason it refuses f. Then why says what went wrong
+// with the field at offset off ("" at the end of msg).
+type fieldReader struct {
+	msg      []byte
+	f        field
+	off, end int // where f is in msg
+	why      string
+}
+
+func (r *fieldReader) next() bool {
+	if r.why != "" || r.end >= len(r.msg) {
+		return false
+	}
+	r.off = r.end
+	b := r.msg[r.off:]
 	num, typ, n := protowire.ConsumeTag(b)
 	if n < 0 {
-		return f, 0, "tag: " + protowire.ParseError(n).Error()
+		r.why = "tag: " + protowire.ParseError(n).Error()
+		return false
 	}
-	f.num, f.typ = num, typ
+	r.f = field{num: num, typ: typ}
 	var m int
 	switch typ {
 	case protowire.VarintType:
-		f.v, m = protowire.ConsumeVarint(b[n:])
+		r.f.v, m = protowire.ConsumeVarint(b[n:])
 	case protowire.Fixed32Type:
 		var v uint32
 		v, m = protowire.ConsumeFixed32(b[n:])
-		f.v = uint64(v)
+		r.f.v = uint64(v)
 	case protowire.BytesType:
-		f.b, m = protowire.ConsumeBytes(b[n:])
+		r.f.b, m = protowire.ConsumeBytes(b[n:])
 	default:
 		m = protowire.ConsumeFieldValue(num, typ, b[n:])
 	}
 	if m < 0 {
-		return f, 0, fmt.Sprintf("field %d: %v", num, protowire.ParseError(m))
+		r.why = fmt.Sprintf("field %d: %v", num, protowire.ParseError(m))
+		return false
 	}
-	return f, n + m, ""
+	r.end = r.off + n + m
+	return true
 }
+
+// in returns the bytes of f as a substring of s, msg as a string.
+func (r *fieldReader) in(s string) string { return s[r.end-len(r.f.b) : r.end] }
 
 // fieldSet records the singular fields seen in one message.
 type fieldSet uint32
 
 // once checks that f, a known singular field, has wire type typ and was
 // not seen before.
-func (s *fieldSet) once(f field, typ protowire.Type) string {
-	if why := wantType(f, typ); why != "" {
-		return why
-	}
+func (s *fieldSet) once(f *field, typ protowire.Type) string {
 	bit := fieldSet(1) << f.num
-	if *s&bit != 0 {
-		return fmt.Sprintf("field %d given twice", f.num)
+	if f.typ != typ || *s&bit != 0 {
+		return s.refuse(f, typ)
 	}
 	*s |= bit
 	return ""
 }
 
-func wantType(f field, typ protowire.Type) string {
+// refuse says why once refuses f.
+func (s *fieldSet) refuse(f *field, typ protowire.Type) string {
+	if why := wantType(f, typ); why != "" {
+		return why
+	}
+	return fmt.Sprintf("field %d given twice", f.num)
+}
+
+// setOnce stores v, the value of f, in *p if f passes s.once.
+func setOnce[T any](s *fieldSet, f *field, typ protowire.Type, p *T, v T) string {
+	why := s.once(f, typ)
+	if why == "" {
+		*p = v
+	}
+	return why
+}
+
+// Each of these reads a singular field of one type into *p (see once).
+func (s *fieldSet) u64(f *field, p *uint64) string {
+	return setOnce(s, f, protowire.VarintType, p, f.v)
+}
+func (s *fieldSet) i64(f *field, p *int64) string {
+	return setOnce(s, f, protowire.VarintType, p, int64(f.v))
+}
+func (s *fieldSet) zigzag(f *field, p *int64) string {
+	return setOnce(s, f, protowire.VarintType, p, protowire.DecodeZigZag(f.v))
+}
+func (s *fieldSet) fixed32(f *field, p *uint64) string {
+	return setOnce(s, f, protowire.Fixed32Type, p, f.v)
+}
+func (s *fieldSet) bytes(f *field, p *[]byte) string {
+	return setOnce(s, f, protowire.BytesType, p, f.b)
+}
+
+// str is bytes for a field read as the substring v (see fieldReader.in).
+func (s *fieldSet) str(f *field, v string, p *string) string {
+	return setOnce(s, f, protowire.BytesType, p, v)
+}
+
+func wantType(f *field, typ protowire.Type) string {
 	if f.typ != typ {
 		return fmt.Sprintf("field %d: wire type %d, want %d", f.num, f.typ, typ)
 	}
@@ -236,46 +285,34 @@ func decodeReport(body []byte, lim Limits) (*ReportChunk, error) {
 		nkeys                 int
 	)
 	// Pass 1: the singular fields, and how many keys there are.
-	for off := 0; off < len(body); {
-		f, n, why := readField(body[off:])
-		if why == "" {
-			switch f.num {
-			case fRepRegion:
-				why = seen.once(f, protowire.BytesType)
-				region = f.b
-			case fRepAgent:
-				why = seen.once(f, protowire.BytesType)
-				agent = f.b
-			case fRepInterval:
-				why = seen.once(f, protowire.VarintType)
-				r.Interval = protowire.DecodeZigZag(f.v)
-			case fRepTerm:
-				why = seen.once(f, protowire.VarintType)
-				r.Term = f.v
-			case fRepEpoch:
-				why = seen.once(f, protowire.VarintType)
-				r.Epoch = f.v
-			case fRepPolicy:
-				why = seen.once(f, protowire.BytesType)
-				policy = f.b
-			case fRepSent:
-				why = seen.once(f, protowire.VarintType)
-				c.Sent = protowire.DecodeZigZag(f.v)
-			case fRepIndex:
-				why = seen.once(f, protowire.Fixed32Type)
-				index = f.v
-			case fRepCount:
-				why = seen.once(f, protowire.Fixed32Type)
-				count = f.v
-			case fRepKeys:
-				why = wantType(f, protowire.BytesType)
-				nkeys++
-			}
+	fr := fieldReader{msg: body}
+	for fr.next() {
+		switch f := &fr.f; f.num {
+		case fRepRegion:
+			fr.why = seen.bytes(f, &region)
+		case fRepAgent:
+			fr.why = seen.bytes(f, &agent)
+		case fRepInterval:
+			fr.why = seen.zigzag(f, &r.Interval)
+		case fRepTerm:
+			fr.why = seen.u64(f, &r.Term)
+		case fRepEpoch:
+			fr.why = seen.u64(f, &r.Epoch)
+		case fRepPolicy:
+			fr.why = seen.bytes(f, &policy)
+		case fRepSent:
+			fr.why = seen.zigzag(f, &c.Sent)
+		case fRepIndex:
+			fr.why = seen.fixed32(f, &index)
+		case fRepCount:
+			fr.why = seen.fixed32(f, &count)
+		case fRepKeys:
+			fr.why = wantType(f, protowire.BytesType)
+			nkeys++
 		}
-		if why != "" {
-			return nil, invalidf("report at byte %d: %s", off, why)
-		}
-		off += n
+	}
+	if fr.why != "" {
+		return nil, invalidf("report at byte %d: %s", fr.off, fr.why)
 	}
 	if why := checkChunk(index, count, lim); why != "" {
 		return nil, invalidf("report chunk: %s", why)
@@ -301,16 +338,13 @@ func decodeReport(body []byte, lim Limits) (*ReportChunk, error) {
 	r.Keys = make([]rebalance.KeyDemand, nkeys)
 	str := string(body)
 	i := 0
-	for off := 0; off < len(body); {
-		f, n, _ := readField(body[off:])
-		if f.num == fRepKeys {
-			base := off + n - len(f.b)
-			if why := readKeyDemand(&r.Keys[i], f.b, str[base:base+len(f.b)], lim); why != "" {
+	for fr = (fieldReader{msg: body}); fr.next(); {
+		if f := &fr.f; f.num == fRepKeys {
+			if why := readKeyDemand(&r.Keys[i], f.b, fr.in(str), lim); why != "" {
 				return nil, invalidf("report chunk %d key %d: %s", index, i, why)
 			}
 			i++
 		}
-		off += n
 	}
 	return c, nil
 }
@@ -318,40 +352,25 @@ func decodeReport(body []byte, lim Limits) (*ReportChunk, error) {
 // readKeyDemand reads one KeyDemand from b; s is b as a string.
 func readKeyDemand(k *rebalance.KeyDemand, b []byte, s string, lim Limits) string {
 	var seen fieldSet
-	for off := 0; off < len(b); {
-		f, n, why := readField(b[off:])
-		if why == "" {
-			switch f.num {
-			case fKdKey:
-				if why = seen.once(f, protowire.BytesType); why == "" {
-					k.Key = s[off+n-len(f.b) : off+n]
-				}
-			case fKdOffered:
-				why = seen.once(f, protowire.VarintType)
-				k.Offered = int64(f.v)
-			case fKdOfferedCost:
-				why = seen.once(f, protowire.VarintType)
-				k.OfferedCost = int64(f.v)
-			case fKdAdmitted:
-				why = seen.once(f, protowire.VarintType)
-				k.Admitted = int64(f.v)
-			case fKdDenied:
-				why = seen.once(f, protowire.VarintType)
-				k.Denied = int64(f.v)
-			}
+	fr := fieldReader{msg: b}
+	for fr.next() {
+		switch f := &fr.f; f.num {
+		case fKdKey:
+			fr.why = seen.str(f, fr.in(s), &k.Key)
+		case fKdOffered:
+			fr.why = seen.i64(f, &k.Offered)
+		case fKdOfferedCost:
+			fr.why = seen.i64(f, &k.OfferedCost)
+		case fKdAdmitted:
+			fr.why = seen.i64(f, &k.Admitted)
+		case fKdDenied:
+			fr.why = seen.i64(f, &k.Denied)
 		}
-		if why != "" {
-			return why
-		}
-		off += n
 	}
-	switch {
-	case k.Key == "" || len(k.Key) > lim.MaxKeyLen:
-		return fmt.Sprintf("key name of %d bytes outside [1, %d]", len(k.Key), lim.MaxKeyLen)
-	case k.Offered < 0 || k.OfferedCost < 0 || k.Admitted < 0 || k.Denied < 0:
-		return fmt.Sprintf("negative demand %+v", k.Demand)
+	if fr.why != "" {
+		return fr.why
 	}
-	return ""
+	return badDemand(k, lim.MaxKeyLen)
 }
 
 // --- acks ---
@@ -362,31 +381,23 @@ func decodeAck(body []byte, lim Limits) (*Ack, error) {
 		seen          fieldSet
 		region, agent []byte
 	)
-	for off := 0; off < len(body); {
-		f, n, why := readField(body[off:])
-		if why == "" {
-			switch f.num {
-			case fAckRegion:
-				why = seen.once(f, protowire.BytesType)
-				region = f.b
-			case fAckAgent:
-				why = seen.once(f, protowire.BytesType)
-				agent = f.b
-			case fAckTerm:
-				why = seen.once(f, protowire.VarintType)
-				a.Term = f.v
-			case fAckEpoch:
-				why = seen.once(f, protowire.VarintType)
-				a.Epoch = f.v
-			case fAckSent:
-				why = seen.once(f, protowire.VarintType)
-				a.Sent = protowire.DecodeZigZag(f.v)
-			}
+	fr := fieldReader{msg: body}
+	for fr.next() {
+		switch f := &fr.f; f.num {
+		case fAckRegion:
+			fr.why = seen.bytes(f, &region)
+		case fAckAgent:
+			fr.why = seen.bytes(f, &agent)
+		case fAckTerm:
+			fr.why = seen.u64(f, &a.Term)
+		case fAckEpoch:
+			fr.why = seen.u64(f, &a.Epoch)
+		case fAckSent:
+			fr.why = seen.zigzag(f, &a.Sent)
 		}
-		if why != "" {
-			return nil, invalidf("ack at byte %d: %s", off, why)
-		}
-		off += n
+	}
+	if fr.why != "" {
+		return nil, invalidf("ack at byte %d: %s", fr.off, fr.why)
 	}
 	var why string
 	if a.Region, why = name(region, lim.MaxName, false); why != "" {
@@ -423,38 +434,31 @@ func decodeTable(body []byte, lim Limits) (*TableChunk, error) {
 		nshares, nburst int
 	)
 	// Pass 1: the singular fields, how many rows, shares and bursts.
-	for off := 0; off < len(body); {
-		f, n, why := readField(body[off:])
-		if why == "" {
-			switch f.num {
-			case fTabTerm:
-				why = seen.once(f, protowire.VarintType)
-				c.Term = f.v
-			case fTabEpoch:
-				why = seen.once(f, protowire.VarintType)
-				c.Epoch = f.v
-			case fTabIndex:
-				why = seen.once(f, protowire.Fixed32Type)
-				index = f.v
-			case fTabCount:
-				why = seen.once(f, protowire.Fixed32Type)
-				count = f.v
-			case fTabHeader:
-				why = seen.once(f, protowire.BytesType)
-				header, hasHeader = f.b, true
-			case fTabKeys:
-				if why = wantType(f, protowire.BytesType); why == "" {
-					nkeys++
-					s, b := countPacked(f.b)
-					nshares += s
-					nburst += b
-				}
+	fr := fieldReader{msg: body}
+	for fr.next() {
+		switch f := &fr.f; f.num {
+		case fTabTerm:
+			fr.why = seen.u64(f, &c.Term)
+		case fTabEpoch:
+			fr.why = seen.u64(f, &c.Epoch)
+		case fTabIndex:
+			fr.why = seen.fixed32(f, &index)
+		case fTabCount:
+			fr.why = seen.fixed32(f, &count)
+		case fTabHeader:
+			fr.why = seen.bytes(f, &header)
+			hasHeader = true
+		case fTabKeys:
+			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
+				nkeys++
+				s, b := countPacked(f.b)
+				nshares += s
+				nburst += b
 			}
 		}
-		if why != "" {
-			return nil, invalidf("table at byte %d: %s", off, why)
-		}
-		off += n
+	}
+	if fr.why != "" {
+		return nil, invalidf("table at byte %d: %s", fr.off, fr.why)
 	}
 	if why := checkChunk(index, count, lim); why != "" {
 		return nil, invalidf("table chunk: %s", why)
@@ -489,23 +493,22 @@ func decodeTable(body []byte, lim Limits) (*TableChunk, error) {
 	}
 	str := string(body)
 	i := 0
-	for off := 0; off < len(body); {
-		f, n, _ := readField(body[off:])
-		if f.num == fTabKeys {
-			base := off + n - len(f.b)
-			ks := &c.Keys[i]
-			if why := readKeyShares(ks, f.b, str[base:base+len(f.b)], &a, lim); why != "" {
-				return nil, invalidf("table chunk %d key %d: %s", index, i, why)
-			}
-			if err := checkRow(ks, regions, lim); err != nil {
-				return nil, invalidf("table chunk %d key %d: %v", index, i, err)
-			}
-			if i > 0 && c.Keys[i-1].Key >= ks.Key {
-				return nil, invalidf("table chunk %d key %d: keys not sorted and distinct", index, i)
-			}
-			i++
+	for fr = (fieldReader{msg: body}); fr.next(); {
+		f := &fr.f
+		if f.num != fTabKeys {
+			continue
 		}
-		off += n
+		ks := &c.Keys[i]
+		if why := readKeyShares(ks, f.b, fr.in(str), &a, lim); why != "" {
+			return nil, invalidf("table chunk %d key %d: %s", index, i, why)
+		}
+		if err := checkRow(ks, regions, lim); err != nil {
+			return nil, invalidf("table chunk %d key %d: %v", index, i, err)
+		}
+		if i > 0 && c.Keys[i-1].Key >= ks.Key {
+			return nil, invalidf("table chunk %d key %d: keys not sorted and distinct", index, i)
+		}
+		i++
 	}
 	return c, nil
 }
@@ -513,12 +516,8 @@ func decodeTable(body []byte, lim Limits) (*TableChunk, error) {
 // countPacked counts (an upper bound on) the shares and bursts of a row.
 // It reads leniently: the second pass reports what is malformed.
 func countPacked(b []byte) (shares, bursts int) {
-	for off := 0; off < len(b); {
-		f, n, why := readField(b[off:])
-		if why != "" {
-			return
-		}
-		if f.typ == protowire.BytesType {
+	for fr := (fieldReader{msg: b}); fr.next(); {
+		if f := &fr.f; f.typ == protowire.BytesType {
 			switch f.num {
 			case fKsShares:
 				shares += terminators(f.b)
@@ -526,9 +525,8 @@ func countPacked(b []byte) (shares, bursts int) {
 				bursts += terminators(f.b)
 			}
 		}
-		off += n
 	}
-	return
+	return shares, bursts
 }
 
 // arena hands out the shares and bursts of one chunk's rows.
@@ -542,43 +540,33 @@ func readKeyShares(ks *rebalance.KeyShares, b []byte, s string, a *arena, lim Li
 		seen                          fieldSet
 		rate, period, interval, burst int64
 	)
-	for off := 0; off < len(b); {
-		f, n, why := readField(b[off:])
-		if why == "" {
-			switch f.num {
-			case fKsKey:
-				if why = seen.once(f, protowire.BytesType); why == "" {
-					ks.Key = s[off+n-len(f.b) : off+n]
-				}
-			case fKsVersion:
-				why = seen.once(f, protowire.VarintType)
-				ks.Version = f.v
-			case fKsShares:
-				if why = seen.once(f, protowire.BytesType); why == "" {
-					ks.Shares, why = a.readShares(f.b, lim.MaxRegions)
-				}
-			case fKsBursts:
-				if why = seen.once(f, protowire.BytesType); why == "" {
-					ks.Bursts, why = a.readBursts(f.b, lim.MaxRegions)
-				}
-			case fKsRate:
-				why = seen.once(f, protowire.VarintType)
-				rate = int64(f.v)
-			case fKsPeriod:
-				why = seen.once(f, protowire.VarintType)
-				period = int64(f.v)
-			case fKsInterval:
-				why = seen.once(f, protowire.VarintType)
-				interval = int64(f.v)
-			case fKsBurst:
-				why = seen.once(f, protowire.VarintType)
-				burst = int64(f.v)
+	fr := fieldReader{msg: b}
+	for fr.next() {
+		switch f := &fr.f; f.num {
+		case fKsKey:
+			fr.why = seen.str(f, fr.in(s), &ks.Key)
+		case fKsVersion:
+			fr.why = seen.u64(f, &ks.Version)
+		case fKsShares:
+			if fr.why = seen.once(f, protowire.BytesType); fr.why == "" {
+				ks.Shares, fr.why = readPacked(f.b, "shares", lim.MaxRegions, &a.shares, toShare)
 			}
+		case fKsBursts:
+			if fr.why = seen.once(f, protowire.BytesType); fr.why == "" {
+				ks.Bursts, fr.why = readPacked(f.b, "bursts", lim.MaxRegions, &a.bursts, toBurst)
+			}
+		case fKsRate:
+			fr.why = seen.i64(f, &rate)
+		case fKsPeriod:
+			fr.why = seen.i64(f, &period)
+		case fKsInterval:
+			fr.why = seen.i64(f, &interval)
+		case fKsBurst:
+			fr.why = seen.i64(f, &burst)
 		}
-		if why != "" {
-			return why
-		}
-		off += n
+	}
+	if fr.why != "" {
+		return fr.why
 	}
 	if rate != 0 || period != 0 {
 		switch {
@@ -594,51 +582,33 @@ func readKeyShares(ks *rebalance.KeyShares, b []byte, s string, a *arena, lim Li
 	return ""
 }
 
-func (a *arena) readShares(b []byte, max int) ([]uint32, string) {
+// readPacked reads the varints of b, a packed field named what of at most
+// max values, into the next values of *pool (which holds at least
+// terminators(b) of them), each converted by conv, which may refuse value
+// i with a reason. It returns nil for no values.
+func readPacked[T any](b []byte, what string, max int, pool *[]T, conv func(i int, v uint64) (T, string)) ([]T, string) {
 	n := terminators(b)
 	if n > max {
-		return nil, fmt.Sprintf("shares has %d entries, above the limit of %d regions", n, max)
+		return nil, fmt.Sprintf("%s has %d entries, above the limit of %d regions", what, n, max)
 	}
-	if n > len(a.shares) {
-		return nil, "shares: malformed packed field" // cannot happen: pass 1 counted them
+	if n > len(*pool) {
+		return nil, what + ": malformed packed field" // cannot happen: pass 1 counted them
 	}
-	out := a.shares[:n:n]
-	a.shares = a.shares[n:]
+	out := (*pool)[:n:n]
+	*pool = (*pool)[n:]
 	for i := range out {
 		v, m := protowire.ConsumeVarint(b)
 		if m < 0 {
-			return nil, fmt.Sprintf("shares: %v", protowire.ParseError(m))
+			return nil, fmt.Sprintf("%s: %v", what, protowire.ParseError(m))
 		}
-		if v > math.MaxUint32 {
-			return nil, fmt.Sprintf("share %d of region %d above 2^32", v, i)
+		var why string
+		if out[i], why = conv(i, v); why != "" {
+			return nil, why
 		}
-		out[i], b = uint32(v), b[m:]
+		b = b[m:]
 	}
 	if len(b) != 0 {
-		return nil, "shares: a truncated varint"
-	}
-	return out, ""
-}
-
-func (a *arena) readBursts(b []byte, max int) ([]int64, string) {
-	n := terminators(b)
-	if n > max {
-		return nil, fmt.Sprintf("bursts has %d entries, above the limit of %d regions", n, max)
-	}
-	if n > len(a.bursts) {
-		return nil, "bursts: malformed packed field" // cannot happen: pass 1 counted them
-	}
-	out := a.bursts[:n:n]
-	a.bursts = a.bursts[n:]
-	for i := range out {
-		v, m := protowire.ConsumeVarint(b)
-		if m < 0 {
-			return nil, fmt.Sprintf("bursts: %v", protowire.ParseError(m))
-		}
-		out[i], b = int64(v), b[m:]
-	}
-	if len(b) != 0 {
-		return nil, "bursts: a truncated varint"
+		return nil, what + ": a truncated varint"
 	}
 	if n == 0 {
 		return nil, ""
@@ -646,73 +616,68 @@ func (a *arena) readBursts(b []byte, max int) ([]int64, string) {
 	return out, ""
 }
 
+// Conversions for readPacked.
+func toShare(i int, v uint64) (uint32, string) {
+	if v > math.MaxUint32 {
+		return 0, fmt.Sprintf("share %d of region %d above 2^32", v, i)
+	}
+	return uint32(v), ""
+}
+func toBurst(_ int, v uint64) (int64, string) { return int64(v), "" }
+func toLease(_ int, v uint64) (int64, string) { return protowire.DecodeZigZag(v), "" }
+
 func decodeHeader(b []byte, lim Limits) (*rebalance.Table, error) {
 	t := &rebalance.Table{}
 	var (
 		seen   fieldSet
 		leases []byte
 	)
-	for off := 0; off < len(b); {
-		f, n, why := readField(b[off:])
-		if why == "" {
-			switch f.num {
-			case fHdrIssued:
-				why = seen.once(f, protowire.VarintType)
-				t.Issued = protowire.DecodeZigZag(f.v)
-			case fHdrEffective:
-				why = seen.once(f, protowire.VarintType)
-				t.Effective = protowire.DecodeZigZag(f.v)
-			case fHdrPolicy:
-				if why = seen.once(f, protowire.BytesType); why == "" {
-					t.PolicyVersion, why = name(f.b, lim.MaxName, true)
+	fr := fieldReader{msg: b}
+	for fr.next() {
+		switch f := &fr.f; f.num {
+		case fHdrIssued:
+			fr.why = seen.zigzag(f, &t.Issued)
+		case fHdrEffective:
+			fr.why = seen.zigzag(f, &t.Effective)
+		case fHdrPolicy:
+			if fr.why = seen.once(f, protowire.BytesType); fr.why == "" {
+				t.PolicyVersion, fr.why = name(f.b, lim.MaxName, true)
+			}
+		case fHdrRegions:
+			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
+				if len(t.Regions) == lim.MaxRegions {
+					fr.why = fmt.Sprintf("more than %d regions", lim.MaxRegions)
+					break
 				}
-			case fHdrRegions:
-				if why = wantType(f, protowire.BytesType); why == "" {
-					if len(t.Regions) == lim.MaxRegions {
-						why = fmt.Sprintf("more than %d regions", lim.MaxRegions)
-						break
-					}
-					var r string
-					if r, why = name(f.b, lim.MaxName, false); why == "" {
-						t.Regions = append(t.Regions, r)
-					}
+				var r string
+				if r, fr.why = name(f.b, lim.MaxName, false); fr.why == "" {
+					t.Regions = append(t.Regions, r)
 				}
-			case fHdrLeases:
-				why = seen.once(f, protowire.BytesType)
-				leases = f.b
-			case fHdrAgents:
-				if why = wantType(f, protowire.BytesType); why == "" {
-					if len(t.Agents) == lim.MaxRegions {
-						why = fmt.Sprintf("more than %d agent lists", lim.MaxRegions)
-						break
-					}
-					var names []string
-					if names, why = readAgents(f.b, lim); why == "" {
-						t.Agents = append(t.Agents, names)
-					}
+			}
+		case fHdrLeases:
+			fr.why = seen.bytes(f, &leases)
+		case fHdrAgents:
+			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
+				if len(t.Agents) == lim.MaxRegions {
+					fr.why = fmt.Sprintf("more than %d agent lists", lim.MaxRegions)
+					break
+				}
+				var names []string
+				if names, fr.why = readAgents(f.b, lim); fr.why == "" {
+					t.Agents = append(t.Agents, names)
 				}
 			}
 		}
-		if why != "" {
-			return nil, invalidf("table chunk 0 header at byte %d: %s", off, why)
-		}
-		off += n
 	}
-	if n := terminators(leases); n > 0 {
-		if n > lim.MaxRegions {
-			return nil, invalidf("table chunk 0 header: %d leases, above the limit of %d regions", n, lim.MaxRegions)
-		}
-		t.Leases = make([]int64, n)
-		for i := range t.Leases {
-			v, m := protowire.ConsumeVarint(leases)
-			if m < 0 {
-				return nil, invalidf("table chunk 0 header: leases: %v", protowire.ParseError(m))
-			}
-			t.Leases[i], leases = protowire.DecodeZigZag(v), leases[m:]
-		}
+	if fr.why != "" {
+		return nil, invalidf("table chunk 0 header at byte %d: %s", fr.off, fr.why)
 	}
-	if len(leases) != 0 {
-		return nil, invalidf("table chunk 0 header: leases: a truncated varint")
+	// The leases, in a pool of their own (readPacked refuses more than
+	// MaxRegions before using it).
+	pool := make([]int64, min(terminators(leases), lim.MaxRegions))
+	var why string
+	if t.Leases, why = readPacked(leases, "leases", lim.MaxRegions, &pool, toLease); why != "" {
+		return nil, invalidf("table chunk 0 header: %s", why)
 	}
 	if err := checkHeader(t, lim); err != nil {
 		return nil, invalidf("table chunk 0 header: %v", err)
@@ -723,23 +688,25 @@ func decodeHeader(b []byte, lim Limits) (*rebalance.Table, error) {
 // readAgents reads one region's AgentList.
 func readAgents(b []byte, lim Limits) ([]string, string) {
 	var names []string
-	for off := 0; off < len(b); {
-		f, n, why := readField(b[off:])
-		if why == "" && f.num == fAgentNames {
-			if why = wantType(f, protowire.BytesType); why == "" {
-				if len(names) == lim.MaxAgents {
-					return nil, fmt.Sprintf("more than %d agents in a region", lim.MaxAgents)
-				}
-				var a string
-				if a, why = name(f.b, lim.MaxName, false); why == "" {
-					names = append(names, a)
-				}
-			}
+	fr := fieldReader{msg: b}
+	for fr.next() {
+		f := &fr.f
+		if f.num != fAgentNames {
+			continue
 		}
-		if why != "" {
-			return nil, "agents: " + why
+		if fr.why = wantType(f, protowire.BytesType); fr.why != "" {
+			break
 		}
-		off += n
+		if len(names) == lim.MaxAgents {
+			return nil, fmt.Sprintf("more than %d agents in a region", lim.MaxAgents)
+		}
+		var a string
+		if a, fr.why = name(f.b, lim.MaxName, false); fr.why == "" {
+			names = append(names, a)
+		}
+	}
+	if fr.why != "" {
+		return nil, "agents: " + fr.why
 	}
 	return names, ""
 }

@@ -165,18 +165,21 @@ type chunk struct{ start, end, body int }
 // plan splits n entries (sized by entry) into chunks of at most maxMessage
 // bytes each: env is the envelope's fixed bytes, fixed the body's bytes
 // every chunk has, first the extra body bytes of chunk 0 (a table's
-// header). It calls emit for each chunk in order and returns how many
-// there are.
-func plan(maxMessage, env, fixed, first, n int, entry func(int) int, emit func(chunk)) (int, error) {
+// header). It calls emit, unless nil, for each chunk in order and returns
+// the bytes of all the messages and how many there are.
+func plan(maxMessage, env, fixed, first, n int, entry func(int) int, emit func(chunk)) (bytes, messages int, err error) {
 	if maxMessage < MinMessage {
-		return 0, fmt.Errorf("maxMessage %d: below the minimum of %d bytes", maxMessage, MinMessage)
+		return 0, 0, fmt.Errorf("maxMessage %d: below the minimum of %d bytes", maxMessage, MinMessage)
 	}
 	fits := func(body int) bool { return envSize(env, body) <= maxMessage }
 	body := fixed + first
 	if !fits(body) {
-		return 0, fmt.Errorf("header of %d bytes does not fit in a %d-byte message", envSize(env, body), maxMessage)
+		return 0, 0, fmt.Errorf("header of %d bytes does not fit in a %d-byte message", envSize(env, body), maxMessage)
 	}
-	start, chunks := 0, 0
+	if emit == nil {
+		emit = func(chunk) {}
+	}
+	start := 0
 	for i := range n {
 		e := entry(i)
 		if fits(body + e) {
@@ -184,16 +187,16 @@ func plan(maxMessage, env, fixed, first, n int, entry func(int) int, emit func(c
 			continue
 		}
 		if !fits(fixed + e) {
-			return 0, fmt.Errorf("key %d: %d bytes encoded, which do not fit in a %d-byte message", i, e, maxMessage)
+			return 0, 0, fmt.Errorf("key %d: %d bytes encoded, which do not fit in a %d-byte message", i, e, maxMessage)
 		}
-		if i > start || (chunks == 0 && first > 0) {
+		if i > start || (messages == 0 && first > 0) {
 			emit(chunk{start, i, body})
-			chunks++
+			bytes, messages = bytes+envSize(env, body), messages+1
 		}
 		start, body = i, fixed+e
 	}
 	emit(chunk{start, n, body})
-	return chunks + 1, nil
+	return bytes + envSize(env, body), messages + 1, nil
 }
 
 // --- reports ---
@@ -207,19 +210,22 @@ func keyDemandSize(k *rebalance.KeyDemand) int {
 	return sizeStr(k.Key) + sizeI(k.Offered) + sizeI(k.OfferedCost) + sizeI(k.Admitted) + sizeI(k.Denied)
 }
 
+// planReport plans EncodeReport's messages (see plan).
+func planReport(cluster string, r *rebalance.Report, sent int64, maxMessage int, emit func(chunk)) (bytes, messages int, err error) {
+	return plan(maxMessage, envFixed(cluster, false), reportFixed(r, sent), 0, len(r.Keys),
+		func(i int) int { return sizeElem(keyDemandSize(&r.Keys[i])) }, emit)
+}
+
 // ReportSize returns the bytes and number of messages EncodeReport
 // produces for the same arguments, without allocating: (0, 0) when the
 // report cannot be split into messages of maxMessage bytes. It does not
 // check the report's content (EncodeReport does).
 func ReportSize(cluster string, r *rebalance.Report, sent int64, maxMessage int) (bytes, messages int) {
-	env := envFixed(cluster, false)
-	n, err := plan(maxMessage, env, reportFixed(r, sent), 0, len(r.Keys),
-		func(i int) int { return sizeElem(keyDemandSize(&r.Keys[i])) },
-		func(c chunk) { bytes += envSize(env, c.body) })
+	bytes, messages, err := planReport(cluster, r, sent, maxMessage, nil)
 	if err != nil {
 		return 0, 0
 	}
-	return bytes, n
+	return bytes, messages
 }
 
 // EncodeReport encodes r, sent at sent (the agent's store clock, µs), as
@@ -232,13 +238,8 @@ func EncodeReport(cluster string, r *rebalance.Report, sent int64, maxMessage in
 	if err := checkReport(cluster, r); err != nil {
 		return nil, fmt.Errorf("wire: encode report: %w", err)
 	}
-	env := envFixed(cluster, false)
-	fixed := reportFixed(r, sent)
 	var chunks []chunk
-	total := 0
-	n, err := plan(maxMessage, env, fixed, 0, len(r.Keys),
-		func(i int) int { return sizeElem(keyDemandSize(&r.Keys[i])) },
-		func(c chunk) { chunks = append(chunks, c); total += envSize(env, c.body) })
+	total, n, err := planReport(cluster, r, sent, maxMessage, func(c chunk) { chunks = append(chunks, c) })
 	if err != nil {
 		return nil, fmt.Errorf("wire: encode report: %w", err)
 	}
@@ -279,16 +280,29 @@ func checkReport(cluster string, r *rebalance.Report) error {
 	case r.Region == "" || r.Agent == "":
 		return fmt.Errorf("region %q agent %q: names must not be empty", r.Region, r.Agent)
 	}
-	for i := range r.Keys {
-		k := &r.Keys[i]
-		if k.Key == "" || len(k.Key) > gcra.MaxKeyLen {
-			return fmt.Errorf("key %d: name of %d bytes outside [1, %d]", i, len(k.Key), gcra.MaxKeyLen)
-		}
-		if k.Offered < 0 || k.OfferedCost < 0 || k.Admitted < 0 || k.Denied < 0 {
-			return fmt.Errorf("key %d: negative demand %+v", i, k.Demand)
+	return checkDemands(r.Keys, gcra.MaxKeyLen)
+}
+
+// checkDemands checks every key of a report (see badDemand).
+func checkDemands(keys []rebalance.KeyDemand, maxKeyLen int) error {
+	for i := range keys {
+		if why := badDemand(&keys[i], maxKeyLen); why != "" {
+			return fmt.Errorf("key %d: %s", i, why)
 		}
 	}
 	return nil
+}
+
+// badDemand says what is wrong with one key of a report ("" if nothing):
+// a name outside [1, maxKeyLen] bytes or negative demand.
+func badDemand(k *rebalance.KeyDemand, maxKeyLen int) string {
+	switch {
+	case k.Key == "" || len(k.Key) > maxKeyLen:
+		return fmt.Sprintf("key name of %d bytes outside [1, %d]", len(k.Key), maxKeyLen)
+	case k.Offered < 0 || k.OfferedCost < 0 || k.Admitted < 0 || k.Denied < 0:
+		return fmt.Sprintf("negative demand %+v", k.Demand)
+	}
+	return ""
 }
 
 // --- acks ---
@@ -330,7 +344,8 @@ func budgetFields(l gcra.Limit) (rate, period, interval, burst int64) {
 	return 0, 0, l.IntervalMicros(), l.Burst()
 }
 
-func packedU32(v []uint32) int {
+// packed is the bytes of v as the varints of a packed field.
+func packed[T uint32 | int64](v []T) int {
 	n := 0
 	for _, x := range v {
 		n += sv(uint64(x))
@@ -338,14 +353,7 @@ func packedU32(v []uint32) int {
 	return n
 }
 
-func packedI64(v []int64) int {
-	n := 0
-	for _, x := range v {
-		n += sv(uint64(x))
-	}
-	return n
-}
-
+// packedS64 is packed for zigzag varints.
 func packedS64(v []int64) int {
 	n := 0
 	for _, x := range v {
@@ -363,7 +371,7 @@ func sizePacked(n int) int {
 
 func keySharesSize(ks *rebalance.KeyShares) int {
 	rate, period, interval, burst := budgetFields(ks.Budget)
-	return sizeStr(ks.Key) + sizeU(ks.Version) + sizePacked(packedU32(ks.Shares)) + sizePacked(packedI64(ks.Bursts)) +
+	return sizeStr(ks.Key) + sizeU(ks.Version) + sizePacked(packed(ks.Shares)) + sizePacked(packed(ks.Bursts)) +
 		sizeI(rate) + sizeI(period) + sizeI(interval) + sizeI(burst)
 }
 
@@ -388,20 +396,24 @@ func headerSize(t *rebalance.Table) int {
 
 func tableFixed(t *rebalance.Table) int { return sizeU(t.Term) + sizeU(t.Epoch) + chunkWords }
 
+// planTable plans EncodeTable's messages (see plan); hdr is
+// headerSize(t).
+func planTable(cluster string, t *rebalance.Table, hdr, maxMessage int, emit func(chunk)) (bytes, messages int, err error) {
+	return plan(maxMessage, envFixed(cluster, true), tableFixed(t), sizeElem(hdr), len(t.Keys),
+		func(i int) int { return sizeElem(keySharesSize(&t.Keys[i])) }, emit)
+}
+
 // TableSize returns the bytes (a 64-byte signature per message included)
 // and number of messages EncodeTable produces for the same arguments,
 // without allocating: (0, 0) when the table cannot be split into messages
 // of maxMessage bytes. It does not check the table's content (EncodeTable
 // does).
 func TableSize(cluster string, t *rebalance.Table, maxMessage int) (bytes, messages int) {
-	env := envFixed(cluster, true)
-	n, err := plan(maxMessage, env, tableFixed(t), sizeElem(headerSize(t)), len(t.Keys),
-		func(i int) int { return sizeElem(keySharesSize(&t.Keys[i])) },
-		func(c chunk) { bytes += envSize(env, c.body) })
+	bytes, messages, err := planTable(cluster, t, headerSize(t), maxMessage, nil)
 	if err != nil {
 		return 0, 0
 	}
-	return bytes, n
+	return bytes, messages
 }
 
 // EncodeTable encodes t as one or more messages of at most maxMessage
@@ -420,13 +432,9 @@ func EncodeTable(cluster string, t *rebalance.Table, key ed25519.PrivateKey, max
 	if err := checkTable(cluster, t); err != nil {
 		return nil, fmt.Errorf("wire: encode table: %w", err)
 	}
-	env := envFixed(cluster, true)
 	hdr := headerSize(t)
 	var chunks []chunk
-	total := 0
-	n, err := plan(maxMessage, env, tableFixed(t), sizeElem(hdr), len(t.Keys),
-		func(i int) int { return sizeElem(keySharesSize(&t.Keys[i])) },
-		func(c chunk) { chunks = append(chunks, c); total += envSize(env, c.body) })
+	total, n, err := planTable(cluster, t, hdr, maxMessage, func(c chunk) { chunks = append(chunks, c) })
 	if err != nil {
 		return nil, fmt.Errorf("wire: encode table: %w", err)
 	}
@@ -476,22 +484,24 @@ func appendHeader(b []byte, t *rebalance.Table) []byte {
 	return b
 }
 
+// appendPacked appends v as a packed field of varints (nothing when
+// empty).
+func appendPacked[T uint32 | int64](b []byte, num protowire.Number, v []T) []byte {
+	if n := packed(v); n > 0 {
+		b = appendLen(b, num, n)
+		for _, x := range v {
+			b = protowire.AppendVarint(b, uint64(x))
+		}
+	}
+	return b
+}
+
 func appendKeyShares(b []byte, ks *rebalance.KeyShares) []byte {
 	b = appendLen(b, fTabKeys, keySharesSize(ks))
 	b = appendStr(b, fKsKey, ks.Key)
 	b = appendU(b, fKsVersion, ks.Version)
-	if n := packedU32(ks.Shares); n > 0 {
-		b = appendLen(b, fKsShares, n)
-		for _, s := range ks.Shares {
-			b = protowire.AppendVarint(b, uint64(s))
-		}
-	}
-	if n := packedI64(ks.Bursts); n > 0 {
-		b = appendLen(b, fKsBursts, n)
-		for _, x := range ks.Bursts {
-			b = protowire.AppendVarint(b, uint64(x))
-		}
-	}
+	b = appendPacked(b, fKsShares, ks.Shares)
+	b = appendPacked(b, fKsBursts, ks.Bursts)
 	rate, period, interval, burst := budgetFields(ks.Budget)
 	b = appendI(b, fKsRate, rate)
 	b = appendI(b, fKsPeriod, period)
