@@ -67,15 +67,7 @@ func TestDrainFlushesLastReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &linkRecorder{tables: make(chan *rebalance.Table)}
-	a.SetControl(rec)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, lis, nil) }()
+	rec, lis, stop := runLinked(t, a)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -101,8 +93,7 @@ func TestDrainFlushesLastReport(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 	rec.mu.Lock()
@@ -121,5 +112,24 @@ func TestDrainFlushesLastReport(t *testing.T) {
 	}
 	if offered != 3 {
 		t.Errorf("reports carry %d requests for %s, want the 3 decided before the drain", offered, key)
+	}
+}
+
+// runLinked runs a with a linkRecorder as its Control, serving RLS on a
+// loopback listener; stop ends the run (draining) and returns Run's error.
+func runLinked(t *testing.T, a *Agent) (rec *linkRecorder, lis net.Listener, stop func() error) {
+	t.Helper()
+	rec = &linkRecorder{tables: make(chan *rebalance.Table)}
+	a.SetControl(rec)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, lis, nil) }()
+	return rec, lis, func() error {
+		cancel()
+		return <-done
 	}
 }

@@ -1,9 +1,7 @@
 package agent
 
 import (
-	"context"
 	"math"
-	"net"
 	"testing"
 	"time"
 
@@ -129,18 +127,9 @@ func TestShareAndTableAgeMetrics(t *testing.T) {
 		t.Errorf("at start: table age %v (exists %v), want 0", v, ok)
 	}
 
-	rec := &linkRecorder{tables: make(chan *rebalance.Table)}
-	a.SetControl(rec)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, lis, nil) }()
+	rec, _, stop := runLinked(t, a)
 	defer func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("Run: %v", err)
 		}
 	}()
