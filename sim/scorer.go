@@ -50,6 +50,25 @@ type ScoreConfig struct {
 // top keys' series take memory per second).
 const maxScoreDuration = 7 * 24 * time.Hour
 
+// names reports an empty list, empty names and names given twice.
+func names(bad func(string, ...any), what string, list []string) {
+	if len(list) == 0 {
+		bad("no %s", what)
+	}
+	seen := map[string]int{}
+	for i, n := range list {
+		if n == "" {
+			bad("%s[%d]: empty", what, i)
+			continue
+		}
+		if j, ok := seen[n]; ok {
+			bad("%s[%d]: %q given twice (%s[%d])", what, i, n, what, j)
+			continue
+		}
+		seen[n] = i
+	}
+}
+
 // NewScorer validates cfg and returns a Scorer at t = 0. Every problem is
 // reported at once.
 func NewScorer(cfg ScoreConfig) (*Scorer, error) {
@@ -57,21 +76,7 @@ func NewScorer(cfg ScoreConfig) (*Scorer, error) {
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("sim: scorer: "+format, args...))
 	}
-	if len(cfg.Keys) == 0 {
-		bad("no keys")
-	}
-	seen := map[string]int{}
-	for i, k := range cfg.Keys {
-		if k == "" {
-			bad("keys[%d]: empty", i)
-			continue
-		}
-		if j, ok := seen[k]; ok {
-			bad("keys[%d]: %q given twice (keys[%d])", i, k, j)
-			continue
-		}
-		seen[k] = i
-	}
+	names(bad, "keys", cfg.Keys)
 	if len(cfg.Budgets) != len(cfg.Keys) {
 		bad("%d budgets for %d keys", len(cfg.Budgets), len(cfg.Keys))
 	}
@@ -83,21 +88,7 @@ func NewScorer(cfg ScoreConfig) (*Scorer, error) {
 			bad("budgets[%d]: the zero limit admits nothing: there is nothing to score", i)
 		}
 	}
-	if len(cfg.Regions) == 0 {
-		bad("no regions")
-	}
-	regions := map[string]int{}
-	for i, r := range cfg.Regions {
-		if r == "" {
-			bad("regions[%d]: empty", i)
-			continue
-		}
-		if j, ok := regions[r]; ok {
-			bad("regions[%d]: %q given twice (regions[%d])", i, r, j)
-			continue
-		}
-		regions[r] = i
-	}
+	names(bad, "regions", cfg.Regions)
 	switch {
 	case cfg.Duration < time.Microsecond:
 		bad("duration %s: must be at least 1µs", cfg.Duration)
