@@ -635,10 +635,17 @@ func (l *Loop) setLeader(on bool) {
 // errDeposed ends a term whose table write was fenced.
 var errDeposed = errors.New("gossip: deposed: the table head moved under this coordinator")
 
-// keyState is one budgeted key on the coordinator.
+// keyState is one key the coordinator has heard of.
 type keyState struct {
-	rule     *region.Rule // nil: not budgeted (no rule, regional, unlimited)
+	budget   rebalance.Budget
+	has      bool // budgeted: its rule shares a budget, or the stored table gave it one
 	lastSeen int64
+}
+
+// setRule budgets the key by its rule in policy (none: not budgeted).
+func (ks *keyState) setRule(policy *region.Policy, key string) {
+	r, _ := policy.RuleForKey(key)
+	ks.budget, ks.has = r.Budget(key)
 }
 
 // coordinate runs the rebalance core for one term.
@@ -687,12 +694,18 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 	now := l.now()
 	if latest != nil {
 		for i := range latest.Keys {
-			k := latest.Keys[i].Key
-			r, _ := policy.RuleForKey(k)
-			keys[k] = &keyState{rule: budgeted(r), lastSeen: now}
+			row := &latest.Keys[i]
+			ks := &keyState{lastSeen: now}
+			ks.setRule(policy, row.Key)
+			if !ks.has && !row.Budget.IsZero() {
+				// No rule here for a key the stored table budgets: another
+				// agent's policy may be ahead of this one's; keep its budget.
+				ks.budget, ks.has = rebalance.Budget{Key: row.Key, Limit: row.Budget}, true
+			}
+			keys[row.Key] = ks
 		}
 	}
-	c, err := rebalance.NewCoordinator(l.cfg.Coordinator, budgetsOf(keys, latest))
+	c, err := rebalance.NewCoordinator(l.cfg.Coordinator, budgetsOf(keys))
 	if err != nil {
 		return err
 	}
@@ -808,16 +821,15 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			if p := l.node.Policy(); p != policy {
 				policy = p
 				for k, ks := range keys {
-					r, _ := policy.RuleForKey(k)
-					ks.rule = budgeted(r)
+					ks.setRule(policy, k)
 				}
 				c.SetPolicyVersion(policy.Version())
-				if err := c.SetBudgets(budgetsOf(keys, nil)); err != nil {
+				if err := c.SetBudgets(budgetsOf(keys)); err != nil {
 					log.Warn("budgets after a policy change", "err", err)
 				}
 			}
-			if l.learnKeys(c, keys, pending, policy, now, log) {
-				if err := c.SetBudgets(budgetsOf(keys, nil)); err != nil {
+			if l.learnKeys(keys, pending, policy, now) {
+				if err := c.SetBudgets(budgetsOf(keys)); err != nil {
 					log.Warn("budgets", "err", err)
 				}
 			}
@@ -841,7 +853,7 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 // learnKeys adds the reported keys the coordinator does not budget yet and
 // drops those idle longer than KeyIdle; it reports whether the budgets
 // changed.
-func (l *Loop) learnKeys(c *rebalance.Coordinator, keys map[string]*keyState, reps []*rebalance.Report, policy *region.Policy, now int64, log *slog.Logger) bool {
+func (l *Loop) learnKeys(keys map[string]*keyState, reps []*rebalance.Report, policy *region.Policy, now int64) bool {
 	changed := false
 	for _, rep := range reps {
 		for _, kd := range rep.Keys {
@@ -853,52 +865,28 @@ func (l *Loop) learnKeys(c *rebalance.Coordinator, keys map[string]*keyState, re
 				l.m.overflow.Inc()
 				continue
 			}
-			r, err := policy.RuleForKey(kd.Key)
-			if err != nil {
-				log.Debug("reported key has no rule", "key", kd.Key, "err", err)
-			}
-			keys[kd.Key] = &keyState{rule: budgeted(r), lastSeen: now}
-			changed = changed || budgeted(r) != nil
+			ks := &keyState{lastSeen: now}
+			ks.setRule(policy, kd.Key)
+			keys[kd.Key] = ks
+			changed = changed || ks.has
 		}
 	}
 	idle := l.cfg.KeyIdle.Microseconds()
 	for k, ks := range keys {
 		if now-ks.lastSeen > idle {
 			delete(keys, k)
-			changed = changed || ks.rule != nil
+			changed = changed || ks.has
 		}
 	}
 	return changed
 }
 
-// budgeted returns r if its keys share a global budget, else nil.
-func budgeted(r *region.Rule) *region.Rule {
-	if r == nil || r.Unlimited || r.Scope == region.Regional || r.Limit.IsZero() {
-		return nil
-	}
-	return r
-}
-
-// budgetsOf lists the budgets of the keys with a rule; a key of the latest
-// table whose rule is unknown here keeps that table's budget (another
-// agent's policy may be ahead of this one's).
-func budgetsOf(keys map[string]*keyState, latest *rebalance.Table) []rebalance.Budget {
-	var prev map[string]rebalance.KeyShares
-	if latest != nil {
-		prev = make(map[string]rebalance.KeyShares, len(latest.Keys))
-		for _, ks := range latest.Keys {
-			prev[ks.Key] = ks
-		}
-	}
+// budgetsOf lists the budgets of the budgeted keys.
+func budgetsOf(keys map[string]*keyState) []rebalance.Budget {
 	out := make([]rebalance.Budget, 0, len(keys))
-	for k, ks := range keys {
-		switch {
-		case ks.rule != nil:
-			out = append(out, rebalance.Budget{Key: k, Limit: ks.rule.Limit, Strategy: ks.rule.Strategy})
-		case prev != nil:
-			if p, ok := prev[k]; ok && !p.Budget.IsZero() {
-				out = append(out, rebalance.Budget{Key: k, Limit: p.Budget})
-			}
+	for _, ks := range keys {
+		if ks.has {
+			out = append(out, ks.budget)
 		}
 	}
 	return out

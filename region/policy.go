@@ -153,6 +153,16 @@ func (p *Policy) Match(domain string, entries []Entry) *Rule {
 	return dom.match(entries)
 }
 
+// Budget is key's budget at the coordinator under r — the rule's global
+// limit and strategy — and false when r is nil or its keys share no budget
+// (unlimited, regional, or without a limit).
+func (r *Rule) Budget(key string) (rebalance.Budget, bool) {
+	if r == nil || r.Unlimited || r.Scope == Regional || r.Limit.IsZero() {
+		return rebalance.Budget{}, false
+	}
+	return rebalance.Budget{Key: key, Limit: r.Limit, Strategy: r.Strategy}, true
+}
+
 // RuleForKey returns the rule that governs the key named name (a canonical
 // KeyName, as reports carry): the coordinator's way from a reported key to
 // its budget. A name that does not parse is an error; a key no rule matches

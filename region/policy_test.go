@@ -1019,3 +1019,32 @@ domains:
 		}
 	}
 }
+
+func TestRuleBudget(t *testing.T) {
+	p, err := ParsePolicy([]byte(`
+domains:
+  - domain: api
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: second, requests_per_unit: 100, strategy: maxmin}
+      - key: region_only
+        rate_limit: {unit: second, requests_per_unit: 100, scope: regional}
+      - key: free
+        rate_limit: {unlimited: true}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := KeyName("api", []Entry{{"tenant", "acme"}})
+	r, _ := p.RuleForKey(key)
+	if b, ok := r.Budget(key); !ok || b.Key != key || b.Limit != r.Limit || b.Strategy != "maxmin" {
+		t.Errorf("tenant: Budget = %+v, %v", b, ok)
+	}
+	for _, k := range []string{"region_only", "free", "nothing"} {
+		name := KeyName("api", []Entry{{k, "x"}})
+		r, _ := p.RuleForKey(name)
+		if b, ok := r.Budget(name); ok {
+			t.Errorf("%s: Budget = %+v, want none", k, b)
+		}
+	}
+}

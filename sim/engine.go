@@ -339,7 +339,7 @@ func (r *Run) buildKeys() error {
 	r.budgets = make([]rebalance.Budget, n)
 	for i, rule := range p.Rules() {
 		r.keys[i].budget = rule.Limit
-		r.budgets[i] = rebalance.Budget{Key: r.keys[i].name, Limit: rule.Limit}
+		r.budgets[i], _ = rule.Budget(r.keys[i].name)
 	}
 	return nil
 }
