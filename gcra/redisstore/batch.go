@@ -47,8 +47,12 @@ var opPool = sync.Pool{New: func() any { return &op{done: make(chan struct{}, 1)
 type lane struct {
 	mu      sync.Mutex
 	pending []*op
-	busy    bool
+	busy    bool          // a script call of this lane is being built or is in flight
+	parked  bool          // the lane's runner waits on wake for the next queue
+	wake    chan struct{} // capacity 1: release hands the queue to a parked runner
 }
+
+func newLane() *lane { return &lane{wake: make(chan struct{}, 1)} }
 
 type laneSet struct {
 	fixed []lane                         // single node / Sentinel: by slot mod len
@@ -58,6 +62,9 @@ type laneSet struct {
 func (ls *laneSet) init(cluster bool, n int) {
 	if !cluster {
 		ls.fixed = make([]lane, n)
+		for i := range ls.fixed {
+			ls.fixed[i].wake = make(chan struct{}, 1)
+		}
 	}
 }
 
@@ -69,7 +76,7 @@ func (ls *laneSet) get(slot uint16) *lane {
 	if l := p.Load(); l != nil {
 		return l
 	}
-	p.CompareAndSwap(nil, &lane{})
+	p.CompareAndSwap(nil, newLane())
 	return p.Load()
 }
 
@@ -145,8 +152,9 @@ func (s *Store) run(ctx context.Context, kind opKind, checks []gcra.Check, maxWa
 	return err
 }
 
-// release ends a caller's inline call: if others queued meanwhile, a runner
-// goroutine drains the lane; otherwise the lane goes idle.
+// release ends a caller's inline call: if others queued meanwhile, the
+// lane's runner drains them (woken if parked, started if not); otherwise the
+// lane goes idle.
 func (s *Store) release(l *lane) {
 	l.mu.Lock()
 	if len(l.pending) == 0 {
@@ -154,20 +162,60 @@ func (s *Store) release(l *lane) {
 		l.mu.Unlock()
 		return
 	}
+	if l.parked {
+		l.parked = false
+		l.mu.Unlock()
+		l.wake <- struct{}{}
+		return
+	}
 	l.mu.Unlock()
-	go s.drain(l)
+	go s.runner(l)
+}
+
+// runnerLinger is how long a lane's runner stays parked for the next queue
+// before its goroutine ends. Under steady load the runner lives on and its
+// stack, grown through go-redis once, is reused: a fresh goroutine per
+// queue spent a few percent of the agent's CPU growing stacks. An idle
+// store holds no goroutines once it has lingered (the store has no Close).
+const runnerLinger = 50 * time.Millisecond
+
+// runner drains the lane, parks, and drains again each time release hands
+// it a queue, until it has been parked for runnerLinger. At most one runner
+// holds a lane: one is started only when none is parked, and a parked one
+// that times out leaves only if no release has claimed it meanwhile.
+func (s *Store) runner(l *lane) {
+	batch := make([]*op, 0, s.cfg.MaxBatch)
+	t := time.NewTimer(runnerLinger)
+	defer t.Stop()
+	for {
+		batch = s.drain(l, batch)
+		t.Reset(runnerLinger)
+		select {
+		case <-l.wake:
+		case <-t.C:
+			l.mu.Lock()
+			if l.parked {
+				l.parked = false
+				l.mu.Unlock()
+				return
+			}
+			l.mu.Unlock()
+			<-l.wake // claimed just now: the hand-over is on its way
+		}
+	}
 }
 
 // drain sends the lane's queued ops, up to MaxBatch per script call, until
-// the queue is empty.
-func (s *Store) drain(l *lane) {
-	batch := make([]*op, 0, s.cfg.MaxBatch)
+// the queue is empty; then it parks the runner and leaves the lane idle.
+func (s *Store) drain(l *lane, batch []*op) []*op {
 	for {
 		l.mu.Lock()
 		if len(l.pending) == 0 {
 			l.busy = false
+			l.parked = true
 			l.mu.Unlock()
-			return
+			clear(batch[:cap(batch)])
+			return batch[:0]
 		}
 		// Up to MaxBatch checks per call (a composite counts each of its
 		// checks, and always goes whole), which also keeps every schedule
