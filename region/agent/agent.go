@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -221,10 +220,11 @@ func (a *Agent) authorized(header string) bool {
 // authUnary refuses RLS calls without a valid bearer token; gRPC health
 // stays open for probes.
 func (a *Agent) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if !strings.HasPrefix(info.FullMethod, "/grpc.health.v1.Health/") {
-		md, _ := metadata.FromIncomingContext(ctx)
+	// Without tokens there is nothing to check (metadata.FromIncomingContext
+	// copies every header: a few percent of a decision's CPU).
+	if len(a.tokens) > 0 && !strings.HasPrefix(info.FullMethod, "/grpc.health.v1.Health/") {
 		var v string
-		if vs := md.Get("authorization"); len(vs) > 0 {
+		if vs := metadata.ValueFromIncomingContext(ctx, "authorization"); len(vs) > 0 {
 			v = vs[0]
 		}
 		if !a.authorized(v) {
@@ -317,8 +317,10 @@ func (a *Agent) decide(ctx context.Context, w *work) error {
 // per-descriptor 0 peeks. Unknown domains and descriptors that match
 // nothing answer OK with no limit, as Envoy's reference server does.
 func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	ctx, span := a.tracer.Start(ctx, "meridian.rls.ShouldRateLimit", trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(attribute.String("meridian.domain", in.Domain), attribute.Int("meridian.descriptors", len(in.Descriptors))))
+	ctx, span := a.tracer.Start(ctx, "meridian.rls.ShouldRateLimit", serverSpan)
+	if span.IsRecording() { // unsampled decisions build no attributes
+		span.SetAttributes(attribute.String("meridian.domain", in.Domain), attribute.Int("meridian.descriptors", len(in.Descriptors)))
+	}
 	defer span.End()
 	w := a.pool.Get().(*work)
 	defer a.pool.Put(w)
@@ -640,6 +642,15 @@ func (a *Agent) RegisterGRPC(s *grpc.Server) {
 	healthpb.RegisterHealthServer(s, a.health)
 }
 
+// grpcWorkers is the number of goroutines that serve RPCs. A handler waits
+// for Redis, so the pool must cover the RPCs in flight: with fewer workers
+// than that, grpc-go starts a fresh goroutine per RPC, whose stack then
+// grows through the handler on every call (at 64 concurrent RPCs a pool of
+// GOMAXPROCS workers spent a fifth more CPU per decision than this one;
+// README, "Running an agent"). Beyond 256 in flight the extra RPCs get their
+// own goroutines as before; an idle worker costs its parked stack.
+const grpcWorkers = 256
+
 // Run serves on the listeners (either may be nil) and runs the node's loop
 // until ctx ends, then drains: readiness fails, the servers stop accepting
 // and finish in-flight requests.
@@ -648,9 +659,9 @@ func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	var gs *grpc.Server
 	if grpcLis != nil {
 		opts := []grpc.ServerOption{grpc.UnaryInterceptor(a.authUnary),
-			// A fixed pool of stream workers instead of a goroutine per RPC,
-			// and write buffers shared between connections.
-			grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true)}
+			// A pool of stream workers instead of a goroutine per RPC, and
+			// write buffers shared between connections.
+			grpc.NumStreamWorkers(grpcWorkers), grpc.SharedWriteBuffer(true)}
 		if a.tls != nil {
 			opts = append(opts, grpc.Creds(credentials.NewTLS(a.tls)))
 		}

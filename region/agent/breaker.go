@@ -130,13 +130,21 @@ func (b *Breaker) done(ctx context.Context, err error) {
 	}
 }
 
+// clientSpan and serverSpan are the span kinds, made once.
+var (
+	clientSpan = trace.WithSpanKind(trace.SpanKindClient)
+	serverSpan = trace.WithSpanKind(trace.SpanKindServer)
+)
+
 // DecideAll implements region.Store.
 func (b *Breaker) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra.Result) (gcra.Result, error) {
 	if !b.allow() {
 		return gcra.Result{}, ErrBreakerOpen
 	}
-	sctx, span := b.tracer.Start(ctx, "meridian.store.DecideAll", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.Int("meridian.checks", len(checks))))
+	sctx, span := b.tracer.Start(ctx, "meridian.store.DecideAll", clientSpan)
+	if span.IsRecording() { // unsampled decisions build no attributes
+		span.SetAttributes(attribute.Int("meridian.checks", len(checks)))
+	}
 	var err error
 	defer func() { b.done(ctx, err) }() // even if the store panics
 	start := time.Now()
