@@ -65,6 +65,7 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	scfg := redisstore.DefaultConfig()
 	scfg.Prefix = cfg.Redis.Prefix
 	scfg.Timeout = time.Duration(cfg.Redis.Timeout)
+	scfg.Lanes = cfg.Redis.Lanes
 	store, err := redisstore.New(client, scfg)
 	if err != nil {
 		return err

@@ -264,6 +264,7 @@ func TestConfigErrors(t *testing.T) {
 		{"missing identity", "policy: p.yaml\n", "region: empty"},
 		{"region not listed", "region: eu\nagent: a\nregions: [us]\npolicy: p.yaml\n", `does not list region "eu"`},
 		{"bad timeout", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {timeout: 0s}\n", "redis.timeout: 0s"},
+		{"bad lanes", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {lanes: 0}\n", "redis.lanes: 0"},
 		{"no policy", "region: eu\nagent: a\nregions: [eu]\n", "policy: empty"},
 	}
 	for _, tt := range tests {

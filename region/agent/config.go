@@ -76,6 +76,9 @@ type RedisConfig struct {
 	Addr    string   `yaml:"addr"`
 	Prefix  string   `yaml:"prefix"`
 	Timeout Duration `yaml:"timeout"`
+	// Lanes is redisstore.Config.Lanes: how many batched script calls the
+	// agent keeps in flight (keys map to a lane by hash slot).
+	Lanes int `yaml:"lanes"`
 }
 
 // DefaultConfig returns the defaults LoadConfig fills in.
@@ -96,6 +99,12 @@ func DefaultConfig() Config {
 			Addr:    "127.0.0.1:6379",
 			Prefix:  "meridian:",
 			Timeout: Duration(5 * time.Millisecond), // a decision must not wait on a slow Redis
+			// One call in flight: an agent's callers are remote, so their
+			// decisions arrive spread out, and a second lane only halves
+			// each batch. One lane sends half the script calls for the same
+			// decisions (measured at 64 callers: about a fifth less CPU per
+			// decision in the agent and in Redis, 5 % more decisions/s).
+			Lanes: 1,
 		},
 	}
 }
@@ -172,6 +181,9 @@ func (c *Config) Validate() error {
 	}
 	if t := time.Duration(c.Redis.Timeout); t <= 0 || t > 10*time.Second {
 		bad("redis.timeout", "%s: must be in (0, 10s]", t)
+	}
+	if c.Redis.Lanes < 1 || c.Redis.Lanes > 256 {
+		bad("redis.lanes", "%d: must be in [1, 256]", c.Redis.Lanes)
 	}
 	if iv := time.Duration(c.Interval); iv < 100*time.Millisecond || iv > 10*time.Minute {
 		bad("interval", "%s: must be in [100ms, 10m]", iv)
