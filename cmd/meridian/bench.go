@@ -9,7 +9,6 @@ import (
 	"io"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -34,10 +33,12 @@ const benchRedisSynopsis = `
 Compare Redis-backed GCRA limiters in one run, on the same Redis, limit, key
 space and concurrency. For each caller count, each target runs in turn:
 --callers closed-loop goroutines decide keys drawn uniformly from --keys
-distinct keys (each target under its own key prefix, deleted afterwards) for
---warmup (discarded) plus --duration. The table shows decisions/s, p50, p99
-and max latency, the fraction allowed and the errors; then the ratio of
-meridian's throughput to redis_rate's per caller count.
+distinct keys (each target under its own key prefix, deleted afterwards).
+The targets take turns in --rounds rounds of --duration/--rounds each (a
+target's first round after --warmup, later ones after 200 ms), so drift on
+a shared machine hits them alike. The table shows decisions/s, p50, p99 and
+max latency over all rounds, the fraction allowed and the errors; then the
+ratio of meridian's throughput to redis_rate's per caller count.
 
 Targets:
   meridian      gcra/redisstore with its default config (batched Lua calls)
@@ -74,6 +75,7 @@ type benchRedisOpts struct {
 	addr     string
 	callers  []int
 	run      loadgen.Config // Callers set per run
+	rounds   int
 	limit    gcra.Limit
 	targets  []string
 	limitArg string
@@ -84,8 +86,9 @@ func runBenchRedis(ctx context.Context, args []string, stdout, stderr io.Writer)
 	def := loadgen.DefaultConfig()
 	addr := fs.String("addr", "127.0.0.1:6379", "Redis address (host:port)")
 	callers := fs.String("callers", "1,8,64", "comma-separated caller counts")
-	duration := fs.Duration("duration", 5*time.Second, "measured time per target per caller count")
-	warmup := fs.Duration("warmup", def.Warmup, "discarded time before each measurement")
+	duration := fs.Duration("duration", 5*time.Second, "measured time per target per caller count, over all rounds")
+	rounds := fs.Int("rounds", 5, "turns the targets take at each caller count")
+	warmup := fs.Duration("warmup", def.Warmup, "discarded time before each target's first round")
 	keys := fs.Int("keys", def.Keys, "distinct keys per target")
 	limitFlag := fs.String("limit", "1000/s", "rate per key as EVENTS/PERIOD (5/s, 100/m, 30/10s)")
 	burst := fs.Int64("burst", 100, "GCRA burst per key (the same number for every target)")
@@ -100,7 +103,8 @@ func runBenchRedis(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return errUsage
 	}
 	o.run = loadgen.Config{Callers: 1, Duration: *duration, Keys: *keys, Seed: *seed, Warmup: *warmup}
-	if err := o.run.Validate(); err != nil {
+	o.rounds = *rounds
+	if err := checkRounds(o.run, o.rounds); err != nil {
 		fmt.Fprintf(stderr, "meridian bench redis: %v\n", err)
 		return errUsage
 	}
@@ -111,13 +115,9 @@ func runBenchRedis(ctx context.Context, args []string, stdout, stderr io.Writer)
 func benchRedisFlags(addr, callers, limitSpec string, burst int64, targets string) (benchRedisOpts, error) {
 	o := benchRedisOpts{addr: addr, limitArg: limitSpec}
 	var errs []error
-	for _, s := range strings.Split(callers, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 {
-			errs = append(errs, fmt.Errorf("--callers %q: want comma-separated whole numbers ≥ 1", callers))
-			break
-		}
-		o.callers = append(o.callers, n)
+	var err error
+	if o.callers, err = parseCallers(callers); err != nil {
+		errs = append(errs, err)
 	}
 	n, per, err := parseRate(limitSpec)
 	switch {
@@ -187,21 +187,18 @@ func benchRedis(ctx context.Context, o benchRedisOpts, stdout io.Writer) error {
 		ts = append(ts, t)
 	}
 
-	fmt.Fprintf(stdout, "Redis %s; limit %s per key; %d keys per target; %s measured after %s warm-up per run; seed %d; GOMAXPROCS %d\n\n",
-		o.addr, o.limit, o.run.Keys, o.run.Duration, o.run.Warmup, o.run.Seed, runtime.GOMAXPROCS(0))
+	fmt.Fprintf(stdout, "Redis %s; limit %s per key; %d keys per target; %s measured in %d rounds after %s warm-up; seed %d; GOMAXPROCS %d\n\n",
+		o.addr, o.limit, o.run.Keys, o.run.Duration, o.rounds, o.run.Warmup, o.run.Seed, runtime.GOMAXPROCS(0))
 	var reports []loadgen.Report
 	var runErr error
-runs:
 	for _, n := range o.callers {
 		cfg := o.run
 		cfg.Callers = n
-		for _, t := range ts {
-			r, err := loadgen.Run(ctx, cfg, t)
-			if err != nil {
-				runErr = fmt.Errorf("%s at %d callers: %w", t.Name, n, err)
-				break runs
-			}
-			reports = append(reports, r)
+		rs, err := loadgen.Interleave(ctx, cfg, o.rounds, ts)
+		reports = append(reports, rs...)
+		if err != nil {
+			runErr = fmt.Errorf("at %d callers: %w", n, err)
+			break
 		}
 	}
 	if err := loadgen.FormatTable(stdout, reports); err != nil {

@@ -13,11 +13,14 @@ import (
 )
 
 const benchAgentSynopsis = `
-Drive RLS v3 servers with closed-loop callers, each server in turn at each
-caller count: --targets is a comma-separated list of name=host:port. Each
-request is ShouldRateLimit for --domain with one descriptor --key=k<N>, N
-drawn from --keys. Prints decisions/s, p50, p99, max, the fraction allowed
-and errors, and each target's throughput against the first one's.
+Drive RLS v3 servers with closed-loop callers at each caller count:
+--targets is a comma-separated list of name=host:port. Each request is
+ShouldRateLimit for --domain with one descriptor --key=k<N>, N drawn from
+--keys. The servers take turns in --rounds rounds of --duration/--rounds
+each (a server's first round after --warmup, later ones after 200 ms), so
+drift on a shared machine hits them alike. Prints decisions/s, p50, p99, max
+over all rounds, the fraction allowed and errors, and each target's
+throughput against the first one's.
 
   meridian bench noop-rls --listen 127.0.0.1:9081 &
   meridian bench agent --targets noop=127.0.0.1:9081,agent=127.0.0.1:8081`
@@ -27,8 +30,9 @@ func runBenchAgent(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs := newFlags("bench agent", benchAgentSynopsis, stdout, stderr)
 	targets := fs.String("targets", "", "name=host:port,... of RLS servers (required)")
 	callers := fs.String("callers", "1,8,64", "comma-separated caller counts")
-	duration := fs.Duration("duration", 5*time.Second, "measured time per target per caller count")
-	warmup := fs.Duration("warmup", def.Warmup, "discarded time before each measurement")
+	duration := fs.Duration("duration", 5*time.Second, "measured time per target per caller count, over all rounds")
+	rounds := fs.Int("rounds", 5, "turns the targets take at each caller count")
+	warmup := fs.Duration("warmup", def.Warmup, "discarded time before each target's first round")
 	keys := fs.Int("keys", def.Keys, "distinct descriptor values")
 	domain := fs.String("domain", "api", "RLS domain")
 	key := fs.String("key", "tenant", "descriptor key")
@@ -50,23 +54,37 @@ func runBenchAgent(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		ts = append(ts, tgt{name, addr})
 	}
+	run := loadgen.Config{Callers: 1, Duration: *duration, Keys: *keys, Seed: 1, Warmup: *warmup}
+	if err := checkRounds(run, *rounds); err != nil {
+		fmt.Fprintf(stderr, "meridian bench agent: %v\n", err)
+		return errUsage
+	}
 	var reports []loadgen.Report
 	for _, n := range counts {
+		targets := make([]loadgen.Target, 0, len(ts))
+		closeAll := func() {
+			for _, t := range targets {
+				if t.Close != nil {
+					t.Close()
+				}
+			}
+		}
 		for _, t := range ts {
 			target, err := loadgen.RLSTarget(t.name, t.addr, *domain, *key)
 			if err != nil {
+				closeAll()
 				return err
 			}
-			cfg := loadgen.Config{Callers: n, Duration: *duration, Keys: *keys, Seed: 1, Warmup: *warmup}
-			rep, err := loadgen.Run(ctx, cfg, target)
-			if target.Close != nil {
-				target.Close()
-			}
-			if err != nil {
-				return err
-			}
-			reports = append(reports, rep)
+			targets = append(targets, target)
 		}
+		cfg := run
+		cfg.Callers = n
+		rs, err := loadgen.Interleave(ctx, cfg, *rounds, targets)
+		closeAll()
+		if err != nil {
+			return fmt.Errorf("at %d callers: %w", n, err)
+		}
+		reports = append(reports, rs...)
 	}
 	if err := loadgen.FormatTable(stdout, reports); err != nil {
 		return err
@@ -93,6 +111,21 @@ func runNoopRLS(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	fmt.Fprintln(stdout, "no-op RLS server on", lis.Addr())
 	return loadgen.ServeNoopRLS(ctx, lis)
+}
+
+// checkRounds checks a run's flags and --rounds together: every round must
+// measure something.
+func checkRounds(run loadgen.Config, rounds int) error {
+	if rounds < 1 {
+		return fmt.Errorf("--rounds %d: must be at least 1", rounds)
+	}
+	if err := run.Validate(); err != nil {
+		return err
+	}
+	if run.Duration/time.Duration(rounds) <= 0 {
+		return fmt.Errorf("--duration %s --rounds %d: every round must measure something", run.Duration, rounds)
+	}
+	return nil
 }
 
 // parseCallers reads a comma-separated list of caller counts.

@@ -97,6 +97,8 @@ type Report struct {
 	// Err is the first error Decide returned, set only when errors exceed
 	// 1 % of the counted calls.
 	Err error
+
+	samples []time.Duration // the latency sample, sorted, for Merge
 }
 
 // maxSamples is the most latency samples one Run keeps (16 MiB).
@@ -210,6 +212,7 @@ func run(ctx context.Context, cfg Config, target Target, opt options) (Report, e
 		all = append(all, ws[i].samples...)
 	}
 	slices.Sort(all)
+	r.samples = all
 	r.P50 = Percentile(all, 0.50)
 	r.P99 = Percentile(all, 0.99)
 	if lastEnd > warmAt {
@@ -232,6 +235,91 @@ func run(ctx context.Context, cfg Config, target Target, opt options) (Report, e
 		return r, r.Err
 	}
 	return r, nil
+}
+
+// Merge combines reports of one target at one caller count, measured in
+// separate rounds, into one: counts and elapsed time add up, so PerSecond
+// is all decisions over all measured time; P50 and P99 come from the
+// rounds' latency samples together; Max is the largest; Err is the first
+// round's that has one. Merge of no reports is the zero Report.
+func Merge(rs ...Report) Report {
+	if len(rs) == 0 {
+		return Report{}
+	}
+	out := Report{Target: rs[0].Target, Callers: rs[0].Callers}
+	n := 0
+	for _, r := range rs {
+		out.Decisions += r.Decisions
+		out.Allowed += r.Allowed
+		out.Errors += r.Errors
+		out.Elapsed += r.Elapsed
+		out.Max = max(out.Max, r.Max)
+		if out.Err == nil {
+			out.Err = r.Err
+		}
+		n += len(r.samples)
+	}
+	out.samples = make([]time.Duration, 0, n)
+	for _, r := range rs {
+		out.samples = append(out.samples, r.samples...)
+	}
+	slices.Sort(out.samples)
+	out.P50 = Percentile(out.samples, 0.50)
+	out.P99 = Percentile(out.samples, 0.99)
+	if out.Elapsed > 0 {
+		out.PerSecond = float64(out.Decisions) / out.Elapsed.Seconds()
+	}
+	if out.Decisions > 0 {
+		out.AllowedFraction = float64(out.Allowed) / float64(out.Decisions)
+	}
+	return out
+}
+
+// Rewarm is the warm-up before every round of Interleave after a target's
+// first (at most Config.Warmup): connections and caches are already warm,
+// but a server that sat idle while the others ran gets a moment to ramp up.
+const Rewarm = 200 * time.Millisecond
+
+// Interleave runs the targets in turn, rounds times, each round measuring
+// cfg.Duration/rounds, and merges each target's rounds (see Merge). A
+// target's first round warms up for cfg.Warmup, later ones for
+// min(Rewarm, cfg.Warmup). Alternating in short rounds puts every target
+// through the same drift of a shared machine (other tenants, thermal and
+// frequency changes), so the ratio between targets is steadier than when
+// each runs once for the whole duration. It stops at the first error and
+// returns the merged reports of the targets so far with it.
+func Interleave(ctx context.Context, cfg Config, rounds int, targets []Target) ([]Report, error) {
+	if rounds < 1 {
+		return nil, fmt.Errorf("loadgen: rounds %d: must be at least 1", rounds)
+	}
+	per := cfg
+	per.Duration = cfg.Duration / time.Duration(rounds)
+	if err := per.Validate(); err != nil {
+		return nil, err
+	}
+	got := make([][]Report, len(targets))
+	merged := func() []Report {
+		out := make([]Report, 0, len(targets))
+		for _, rs := range got {
+			if len(rs) > 0 {
+				out = append(out, Merge(rs...))
+			}
+		}
+		return out
+	}
+	for round := range rounds {
+		if round == 1 {
+			per.Warmup = min(Rewarm, cfg.Warmup)
+		}
+		for i, t := range targets {
+			r, err := Run(ctx, per, t)
+			got[i] = append(got[i], r)
+			if err != nil {
+				return merged(), err
+			}
+		}
+	}
+	return merged(), nil
 }
 
 // Percentile returns the nearest-rank q-quantile (0 < q ≤ 1) of sorted, an

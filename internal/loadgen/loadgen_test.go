@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -58,7 +59,11 @@ func TestRunCountsAndPercentiles(t *testing.T) {
 		P50:       50 * time.Microsecond, P99: 99 * time.Microsecond, Max: 100 * time.Microsecond,
 		AllowedFraction: 0.5,
 	}
-	if r != want {
+	if len(r.samples) != 100 {
+		t.Errorf("kept %d latency samples, want 100", len(r.samples))
+	}
+	r.samples = nil
+	if !reflect.DeepEqual(r, want) {
 		t.Errorf("report\n got %+v\nwant %+v", r, want)
 	}
 	if got := f.calls.Load(); got != 102 {
@@ -242,5 +247,90 @@ func TestFormatTable(t *testing.T) {
 		"  redis_rate       64        37000  1.70ms  3.00ms  12.00ms    1.000       3\n"
 	if sb.String() != want {
 		t.Errorf("FormatTable:\n%q\nwant:\n%q", sb.String(), want)
+	}
+}
+
+// TestMerge merges two rounds measured on the fake clock: counts and time
+// add up, and the percentiles are those of all samples together.
+func TestMerge(t *testing.T) {
+	round := func(first int64) Report {
+		// 50 calls of 1..50µs, or 51..100µs: one caller, half allowed.
+		f := &fakeTarget{latency: func(i int64) time.Duration { return time.Duration(first+i) * time.Microsecond }}
+		var d time.Duration
+		for i := range int64(50) {
+			d += time.Duration(first+i) * time.Microsecond
+		}
+		r, err := run(context.Background(), Config{Callers: 1, Duration: d, Keys: 1, Seed: 1}, f.target(), options{now: f.now, maxSamples: 1000})
+		if err != nil || r.Decisions != 50 {
+			t.Fatalf("round from %dµs: %d decisions, err %v", first, r.Decisions, err)
+		}
+		return r
+	}
+	a, b := round(1), round(51)
+	m := Merge(b, a)
+	if m.Target != "fake" || m.Callers != 1 || m.Decisions != 100 || m.Allowed != 50 || m.Errors != 0 {
+		t.Errorf("counts %+v", m)
+	}
+	if m.Elapsed != a.Elapsed+b.Elapsed || m.Elapsed != 5050*time.Microsecond {
+		t.Errorf("Elapsed %s, want %s + %s = 5.05ms", m.Elapsed, a.Elapsed, b.Elapsed)
+	}
+	if want := 100 / 0.00505; m.PerSecond != want {
+		t.Errorf("PerSecond %v, want %v", m.PerSecond, want)
+	}
+	if m.P50 != 50*time.Microsecond || m.P99 != 99*time.Microsecond || m.Max != 100*time.Microsecond {
+		t.Errorf("P50 %s P99 %s Max %s, want 50µs 99µs 100µs (the rounds' samples together)", m.P50, m.P99, m.Max)
+	}
+	if m.AllowedFraction != 0.5 {
+		t.Errorf("AllowedFraction %v", m.AllowedFraction)
+	}
+	if z := Merge(); z.Decisions != 0 || z.Target != "" {
+		t.Errorf("Merge() = %+v, want the zero Report", z)
+	}
+}
+
+// TestInterleave alternates two real targets: each runs every round, in
+// turn, and the merged report counts every decision of every round.
+func TestInterleave(t *testing.T) {
+	var order []string // one caller, and Runs one after another: no race
+	mk := func(name string) (Target, *atomic.Int64) {
+		var calls atomic.Int64
+		return Target{Name: name, Decide: func(context.Context, int) (bool, error) {
+			if n := len(order); n == 0 || order[n-1] != name {
+				order = append(order, name)
+			}
+			calls.Add(1)
+			time.Sleep(100 * time.Microsecond)
+			return true, nil
+		}}, &calls
+	}
+	a, ac := mk("a")
+	b, bc := mk("b")
+	cfg := Config{Callers: 1, Duration: 30 * time.Millisecond, Keys: 10, Seed: 1, Warmup: 0}
+	rs, err := Interleave(context.Background(), cfg, 3, []Target{a, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 2 || rs[0].Target != "a" || rs[1].Target != "b" {
+		t.Fatalf("reports %+v, want a then b", rs)
+	}
+	// Without warm-up every call counts (the last may end past the round).
+	if rs[0].Decisions != ac.Load() || rs[1].Decisions != bc.Load() {
+		t.Errorf("decisions a %d b %d, targets saw %d and %d", rs[0].Decisions, rs[1].Decisions, ac.Load(), bc.Load())
+	}
+	if got := strings.Join(order, ""); got != "ababab" {
+		t.Errorf("turns %q, want ababab", got)
+	}
+	// Each round measures at least its third of the duration (more by the
+	// tail of its last call).
+	if rs[0].Elapsed < cfg.Duration || rs[1].Elapsed < cfg.Duration {
+		t.Errorf("measured a for %s and b for %s, want at least 3 rounds of %s each", rs[0].Elapsed, rs[1].Elapsed, cfg.Duration/3)
+	}
+	if _, err := Interleave(context.Background(), cfg, 0, []Target{a}); err == nil || !strings.Contains(err.Error(), "rounds 0") {
+		t.Errorf("rounds 0: err %v", err)
+	}
+	failing := Target{Name: "f", Decide: func(context.Context, int) (bool, error) { return false, errFake }}
+	rs, err = Interleave(context.Background(), cfg, 3, []Target{a, failing, b})
+	if !errors.Is(err, errFake) || len(rs) != 2 || rs[1].Target != "f" {
+		t.Errorf("a failing target: err %v, %d reports; want errFake and the reports of a and f", err, len(rs))
 	}
 }
