@@ -49,8 +49,10 @@
 // decisions run in the order they were submitted, each atomically. A caller
 // that finds its lane idle sends its decision at once, on its own goroutine:
 // a lone caller pays nothing for batching. Callers that arrive while a call
-// is in flight queue, and a runner goroutine sends them together, up to
-// Config.MaxBatch checks per call; after each batch of more than one op it
+// is in flight queue, and the lane's runner goroutine sends them together,
+// up to Config.MaxBatch checks per call (the runner parks between queues and
+// ends after 50 ms without one, so an idle Store holds no goroutines); after
+// each batch of more than one op it
 // waits up to 20 µs for the callers it just answered to queue again, so that closed-loop
 // callers do not phase-lock into alternating one-op and many-op calls. Each
 // distinct schedule is sent once per call. About Config.MaxInFlight
