@@ -179,6 +179,11 @@ func profileConfig(profile string) *memberlist.Config {
 		mc.ProbeTimeout = 50 * time.Millisecond
 		// Spread joins, leaves and metadata within tens of milliseconds.
 		mc.GossipInterval = 20 * time.Millisecond
+		// A full state sync every second, not every 15: when two members
+		// join through a third at once, the third's broadcast of one can be
+		// spent before it knows the other, and only a push/pull introduces
+		// them (seen in CI: the two saw each other only after 15 s).
+		mc.PushPullInterval = time.Second
 	default:
 		// Members span regions: memberlist's WAN values (5 s probes, 3 s
 		// probe timeout) tolerate cross-region RTT and loss.
