@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
 
+	"github.com/meridian-quota/meridian/internal/loadgen"
 	"github.com/meridian-quota/meridian/internal/testenv"
 )
 
@@ -25,6 +27,43 @@ func TestBenchRedis(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"callers   1: meridian/redis_rate = ", "callers   4: meridian/redis_rate = "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestBenchAgent drives two no-op RLS servers in turns: a row per server
+// and caller count, and each server's ratio to the first.
+func TestBenchAgent(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var addrs []string
+	for range 2 {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); _ = loadgen.ServeNoopRLS(ctx, lis) }()
+		t.Cleanup(func() { cancel(); <-done })
+		addrs = append(addrs, lis.Addr().String())
+	}
+	var stdout, stderr strings.Builder
+	args := []string{"bench", "agent", "--targets", "one=" + addrs[0] + ",two=" + addrs[1],
+		"--duration", "200ms", "--rounds", "4", "--warmup", "0s", "--callers", "1,3", "--keys", "10"}
+	if code := run(ctx, args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+	}
+	out := stdout.String()
+	for _, target := range []string{"one", "two"} {
+		for _, callers := range []string{"1", "3"} {
+			if !hasRow(out, target, callers) {
+				t.Errorf("no row for %s at %s callers in:\n%s", target, callers, out)
+			}
+		}
+	}
+	for _, want := range []string{"callers   1: two/one = ", "callers   3: two/one = "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -57,6 +96,8 @@ func TestBenchUsage(t *testing.T) {
 		{name: "unknown", give: []string{"bench", "disk"}, wantCode: 2, wantStderr: `unknown benchmark "disk"`},
 		{name: "bad flags", give: []string{"bench", "redis", "--callers", "0", "--targets", "meridian,x"}, wantCode: 2, wantStderr: `unknown target "x"`},
 		{name: "unreachable", give: []string{"bench", "redis", "--addr", "127.0.0.1:1"}, wantCode: 1, wantStderr: "not reachable"},
+		{name: "no rounds", give: []string{"bench", "redis", "--rounds", "0"}, wantCode: 2, wantStderr: "--rounds 0: must be at least 1"},
+		{name: "rounds too short", give: []string{"bench", "agent", "--targets", "a=127.0.0.1:1", "--duration", "3ns", "--rounds", "5"}, wantCode: 2, wantStderr: "every round must measure something"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
