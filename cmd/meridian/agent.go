@@ -24,6 +24,9 @@ import (
 // agentGCPercent is the agent's GOGC unless the environment sets one.
 const agentGCPercent = 400
 
+// scriptLoadTimeout bounds the agent's wait for Redis at start-up.
+const scriptLoadTimeout = 2 * time.Second
+
 const agentSynopsis = `
 Run a region's agent beside its gateways: Envoy RLS v3 over gRPC and a JSON
 API over HTTP, deciding on the region's Redis with the node's policy.
@@ -70,6 +73,16 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	// Load the script before serving, so the first decisions do not spend
+	// their redis.timeout on a dial, NOSCRIPT and the script's compilation.
+	// A Redis that does not answer is not fatal: the limits' failure modes
+	// decide until it does (and /readyz waits for it).
+	lctx, cancel := context.WithTimeout(ctx, scriptLoadTimeout)
+	if err := store.Load(lctx); err != nil {
+		log.Warn("redis: script not loaded; the first decisions will load it", "addr", cfg.Redis.Addr, "err", err)
+	}
+	cancel()
 	br, err := agent.NewBreaker(cfg.Breaker, store)
 	if err != nil {
 		return err
@@ -78,7 +91,6 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
 	a, err := agent.New(*cfg, node, log, br.Collectors()...)
 	if err != nil {
 		return err

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lockedBuffer is an io.Writer safe for the agent's concurrent logging.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestAgentStartsWithoutRedis: the script load at start-up fails, is
+// logged, and the agent serves anyway (live, not ready), then stops
+// cleanly.
+func TestAgentStartsWithoutRedis(t *testing.T) {
+	dir := t.TempDir()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := lis.Addr().String()
+	lis.Close()
+	dead, err := net.Listen("tcp", "127.0.0.1:0") // a port nothing will answer on
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	policy := "domains:\n  - domain: api\n    descriptors:\n      - key: tenant\n        rate_limit: {unit: second, requests_per_unit: 10}\n"
+	conf := fmt.Sprintf("region: eu\nagent: eu-1\nregions: [eu]\npolicy: policy.yaml\ngrpc: \"\"\nhttp: %s\nredis: {addr: %q}\n", httpAddr, deadAddr)
+	for name, text := range map[string]string{"policy.yaml": policy, "agent.yaml": conf} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout, stderr lockedBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"agent", "--config", filepath.Join(dir, "agent.yaml")}, &stdout, &stderr) }()
+	defer func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("agent exited %d\nstderr:\n%s", code, stderr.String())
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("agent did not stop within 10 s of its context ending")
+		}
+	}()
+	status := func(path string) int {
+		resp, err := http.Get("http://" + httpAddr + path)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for status("/healthz") != http.StatusOK {
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz not OK within 10 s\nstderr:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := status("/readyz"); got != http.StatusServiceUnavailable {
+		t.Errorf("/readyz = %d with Redis down, want 503", got)
+	}
+	if !strings.Contains(stderr.String(), "redis: script not loaded") {
+		t.Errorf("stderr lacks the script-load warning:\n%s", stderr.String())
+	}
+}
