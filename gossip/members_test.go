@@ -14,13 +14,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/meridian-quota/meridian/internal/testenv"
 	"github.com/meridian-quota/meridian/rebalance"
 )
 
@@ -90,30 +90,12 @@ func assertNoSecret(t *testing.T, what, text string, keys ...[]byte) {
 	}
 }
 
-// logBuffer collects log output from many goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // captureLogs returns a logger whose output (every level) is checked at
 // the end of the test for the given keys, and shown if the test failed.
 // Register it before the members so its check runs after they stopped.
 func captureLogs(t *testing.T, keys *[][]byte) *slog.Logger {
 	t.Helper()
-	buf := &logBuffer{}
+	buf := &testenv.Buffer{}
 	t.Cleanup(func() {
 		out := buf.String()
 		assertNoSecret(t, "logs", out, *keys...)
@@ -703,7 +685,7 @@ func TestMemberlistLogLines(t *testing.T) {
 	}
 
 	// Through the adapter memberlist's *log.Logger uses.
-	var buf logBuffer
+	var buf testenv.Buffer
 	var stopping atomic.Bool
 	l := newMemberlistLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), &stopping)
 	l.Printf("[DEBUG] memberlist: dropped")

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meridian-quota/meridian/internal/natstest"
+	"github.com/meridian-quota/meridian/internal/testenv"
 )
 
 // The transport's tests run against a real nats-server embedded in the test
@@ -41,7 +42,7 @@ func natsTestConfig(url string) NATSConfig {
 // natsLogger logs to the test's log and to buf (when not nil). nats.go
 // calls its connection handlers on a goroutine of its own, possibly after
 // the test ended; lines logged then are dropped.
-func natsLogger(t testing.TB, buf *logBuffer) *slog.Logger {
+func natsLogger(t testing.TB, buf *testenv.Buffer) *slog.Logger {
 	tw := &testWriter{t: t}
 	t.Cleanup(func() {
 		tw.mu.Lock()
@@ -656,7 +657,7 @@ func TestAuth(t *testing.T) {
 	// outcome; logs and errors never contain a secret.
 	mustDial := func(t *testing.T, url string, ok bool, give func(c *NATSConfig)) {
 		t.Helper()
-		var logs logBuffer
+		var logs testenv.Buffer
 		cfg := natsTestConfig(url)
 		give(&cfg)
 		// A refused client fails fast on an authorization error; on other

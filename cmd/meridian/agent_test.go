@@ -8,28 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/meridian-quota/meridian/internal/testenv"
 )
-
-// lockedBuffer is an io.Writer safe for the agent's concurrent logging.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestAgentStartsWithoutRedis: the script load at start-up fails, is
 // logged, and the agent serves anyway (live, not ready), then stops
@@ -56,7 +39,7 @@ func TestAgentStartsWithoutRedis(t *testing.T) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr lockedBuffer
+	var stdout, stderr testenv.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"agent", "--config", filepath.Join(dir, "agent.yaml")}, &stdout, &stderr)
