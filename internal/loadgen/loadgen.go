@@ -289,6 +289,13 @@ const Rewarm = 200 * time.Millisecond
 // each runs once for the whole duration. It stops at the first error and
 // returns the merged reports of the targets so far with it.
 func Interleave(ctx context.Context, cfg Config, rounds int, targets []Target) ([]Report, error) {
+	return interleave(ctx, cfg, rounds, targets, Run)
+}
+
+// interleave is Interleave with the run of one round replaceable (tests
+// run rounds on a fake clock).
+func interleave(ctx context.Context, cfg Config, rounds int, targets []Target,
+	runRound func(context.Context, Config, Target) (Report, error)) ([]Report, error) {
 	if rounds < 1 {
 		return nil, fmt.Errorf("loadgen: rounds %d: must be at least 1", rounds)
 	}
@@ -312,7 +319,7 @@ func Interleave(ctx context.Context, cfg Config, rounds int, targets []Target) (
 			per.Warmup = min(Rewarm, cfg.Warmup)
 		}
 		for i, t := range targets {
-			r, err := Run(ctx, per, t)
+			r, err := runRound(ctx, per, t)
 			got[i] = append(got[i], r)
 			if err != nil {
 				return merged(), err

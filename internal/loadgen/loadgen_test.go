@@ -288,48 +288,58 @@ func TestMerge(t *testing.T) {
 	}
 }
 
-// TestInterleave alternates two real targets: each runs every round, in
-// turn, and the merged report counts every decision of every round.
+// TestInterleave alternates two targets on fake clocks: each takes its
+// turn every round, the first round warms up for Config.Warmup and later
+// ones for Rewarm, and the merged report counts every measured decision.
 func TestInterleave(t *testing.T) {
-	var order []string // one caller, and Runs one after another: no race
-	mk := func(name string) (Target, *atomic.Int64) {
-		var calls atomic.Int64
-		return Target{Name: name, Decide: func(context.Context, int) (bool, error) {
+	var order []string // one caller, rounds one after another: no race
+	fakes := map[string]*fakeTarget{}
+	mk := func(name string) Target {
+		f := &fakeTarget{latency: func(int64) time.Duration { return 100 * time.Microsecond }}
+		fakes[name] = f
+		inner := f.target()
+		return Target{Name: name, Decide: func(ctx context.Context, k int) (bool, error) {
 			if n := len(order); n == 0 || order[n-1] != name {
 				order = append(order, name)
 			}
-			calls.Add(1)
-			time.Sleep(100 * time.Microsecond)
-			return true, nil
-		}}, &calls
+			return inner.Decide(ctx, k)
+		}}
 	}
-	a, ac := mk("a")
-	b, bc := mk("b")
-	cfg := Config{Callers: 1, Duration: 30 * time.Millisecond, Keys: 10, Seed: 1, Warmup: 0}
-	rs, err := Interleave(context.Background(), cfg, 3, []Target{a, b})
+	runRound := func(ctx context.Context, cfg Config, tg Target) (Report, error) {
+		return run(ctx, cfg, tg, options{now: fakes[tg.Name].now, maxSamples: 1000})
+	}
+	a, b := mk("a"), mk("b")
+	// Three rounds of 10 ms: 100 calls of 100µs each; warm-up 1 s (10,000
+	// calls) in the first round, Rewarm (200 ms: 2,000 calls) in the others.
+	cfg := Config{Callers: 1, Duration: 30 * time.Millisecond, Keys: 10, Seed: 1, Warmup: time.Second}
+	rs, err := interleave(context.Background(), cfg, 3, []Target{a, b}, runRound)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rs) != 2 || rs[0].Target != "a" || rs[1].Target != "b" {
 		t.Fatalf("reports %+v, want a then b", rs)
 	}
-	// Without warm-up every call counts (the last may end past the round).
-	if rs[0].Decisions != ac.Load() || rs[1].Decisions != bc.Load() {
-		t.Errorf("decisions a %d b %d, targets saw %d and %d", rs[0].Decisions, rs[1].Decisions, ac.Load(), bc.Load())
-	}
 	if got := strings.Join(order, ""); got != "ababab" {
 		t.Errorf("turns %q, want ababab", got)
 	}
-	// Each round measures at least its third of the duration (more by the
-	// tail of its last call).
-	if rs[0].Elapsed < cfg.Duration || rs[1].Elapsed < cfg.Duration {
-		t.Errorf("measured a for %s and b for %s, want at least 3 rounds of %s each", rs[0].Elapsed, rs[1].Elapsed, cfg.Duration/3)
+	for i, name := range []string{"a", "b"} {
+		r := rs[i]
+		if r.Decisions != 300 || r.Elapsed != cfg.Duration || r.PerSecond != 10_000 {
+			t.Errorf("%s: %d decisions in %s (%v/s), want 300 in 30ms (10000/s)", name, r.Decisions, r.Elapsed, r.PerSecond)
+		}
+		if got, want := fakes[name].calls.Load(), int64(10_000+100+2*(2_000+100)); got != want {
+			t.Errorf("%s: %d calls, want %d (warm-up 1s, then 200ms per later round)", name, got, want)
+		}
 	}
 	if _, err := Interleave(context.Background(), cfg, 0, []Target{a}); err == nil || !strings.Contains(err.Error(), "rounds 0") {
 		t.Errorf("rounds 0: err %v", err)
 	}
-	failing := Target{Name: "f", Decide: func(context.Context, int) (bool, error) { return false, errFake }}
-	rs, err = Interleave(context.Background(), cfg, 3, []Target{a, failing, b})
+	fakes["f"] = &fakeTarget{}
+	failing := Target{Name: "f", Decide: func(context.Context, int) (bool, error) {
+		fakes["f"].clock.Add(int64(time.Millisecond)) // its fake clock moves too
+		return false, errFake
+	}}
+	rs, err = interleave(context.Background(), cfg, 3, []Target{a, failing, b}, runRound)
 	if !errors.Is(err, errFake) || len(rs) != 2 || rs[1].Target != "f" {
 		t.Errorf("a failing target: err %v, %d reports; want errFake and the reports of a and f", err, len(rs))
 	}
