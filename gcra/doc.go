@@ -39,9 +39,10 @@
 // limit's rate. State written under a newer epoch than the
 // caller knows is used as stored and keeps its tag: it is never converted
 // back. Conversions round credit down and debt up, so the available tokens
-// of a key never rise at a transition. Debt carried across a change is capped
-// at 2^39 µs (about six days), where a key is blocked far past MaxWindow
-// anyway.
+// of a key never rise at a transition. A conversion that would carry a
+// key's debt beyond MaxTAT (booked reservations converted to a limit
+// slower by many orders of magnitude) saturates there, where the key is
+// blocked for longer than any window lasts.
 //
 // # Dropping rested keys
 //
@@ -58,20 +59,37 @@
 // change — at most one burst per key per change. Announcing each change at
 // least one previous window (Burst·T) before its effective time removes it.
 //
-// Nothing is rewritten in bulk when shares change, and a key costs no
-// memory beyond its one integer: each state carries the low 16 bits of the
-// epoch it was written under (EpochTag), and the Redis store packs the TAT
-// modulo 2^37 µs with that tag into one integer below 2^53 (see Pack). Tags
-// compare by serial-number arithmetic: a Schedule's current epoch tag must
-// be 1 to 32767 ahead of its previous one (Validate refuses anything else),
-// and no key's state may live while its epochs advance by 2^15 or more. The
-// natural epoch is therefore a per-key change counter — the number of times
-// that key's limit has changed (rebalance.KeyShares.Version) — which moves
-// by one per change; a key's state lives at most MaxWindow, far less than
-// 2^15 changes of one key.
+// # Stored state
 //
-// Every instant — now, effective times — lies in [0, 2^52) µs (MaxTime), so
-// every value stays exact in Redis's Lua doubles.
+// Nothing is rewritten in bulk when shares change, and a key costs one
+// small value: its Value, the exact TAT and the low TagBits (40) bits of
+// the epoch it was written under (EpochTag), 12 bytes that every store
+// keeps as they are — Redis as the key's string, gcra/memstore in its
+// entry (see EncodeValue). What a store keeps is therefore read back
+// exactly under any later schedule: however long the key lives, however
+// many versions its limit has moved on, with a TAT far behind now. The
+// packed integer of earlier releases (PackV1), which kept the TAT only
+// modulo 2^37 and had to guess the rest from the schedule, is still read
+// (UnpackV1) so that their keys and agents survive an upgrade.
+//
+// Tags compare by serial-number arithmetic: a Schedule's current epoch tag
+// must be 1 to 2^39 − 1 ahead of its previous one (Validate refuses
+// anything else), and no key's state may live while its epochs advance by
+// 2^39 or more. The natural epoch is therefore a per-key change counter —
+// the number of times that key's limit has changed
+// (rebalance.KeyShares.Version) — which moves by a few per change: even at
+// a change every millisecond it takes years to move 2^39.
+//
+// # Bounds
+//
+// Every instant — now, effective times — lies in [0, MaxTime) (2^52 µs,
+// about 142 years from the clock's zero); a limit's window Burst·T, and
+// Burst·T + maxWait for a reservation, is at most MaxWindow (2^51 µs, about
+// 71 years), and its Burst at most MaxBurst (2^39 − 1); every TAT is at most
+// MaxTAT = MaxTime + MaxWindow − 1. So every value the Redis script
+// computes stays an exact integer below 2^53 in its Lua doubles. A yearly
+// quota fits; what the window bounds is a tiny share of a slow limit (see
+// rebalance.MinShare).
 //
 // # Errors
 //

@@ -14,12 +14,12 @@ import (
 // writing: the instant (µs) from which the key holds its full burst under
 // every limit its schedule names, including a change still pending at the
 // write. From then on a missing key decides exactly like this state, so a
-// store may drop it (Redis: PX). Stores that keep one integer per key do not
-// store Rested; the expiry carries it.
+// store may drop it (Redis: PX). Stores keep a state as its Value, which
+// does not hold Rested; the expiry carries it.
 type State struct {
 	TAT    int64  // theoretical arrival time, µs on the store's clock
-	Rested int64  // µs; see above. Not part of Pack.
-	Epoch  uint16 // EpochTag of the limit the state was written under
+	Rested int64  // µs; see above. Not part of the stored Value.
+	Epoch  uint64 // EpochTag of the limit the state was written under (TagBits wide)
 	Exists bool
 }
 

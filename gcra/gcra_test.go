@@ -399,7 +399,7 @@ func TestReserveErrors(t *testing.T) {
 		}
 	}
 	// A limit whose window is the whole MaxWindow allows no wait at all.
-	full := gcra.FromInterval(1*s, int64(gcra.MaxWindow/time.Second))
+	full := gcra.FromInterval(1<<20, 1<<31) // 2^51 µs
 	if err := full.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -624,7 +624,7 @@ func TestDecideLimitChange(t *testing.T) {
 	)
 	fast := gcra.PerSecond(10, 10) // T 100 ms, window 1 s
 	slow := gcra.PerSecond(5, 4)   // T 200 ms, window 800 ms
-	tagged := func(tat int64, tag uint16) gcra.State {
+	tagged := func(tat int64, tag uint64) gcra.State {
 		return gcra.State{TAT: tat, Rested: tat, Epoch: tag, Exists: true}
 	}
 	tests := []struct {
@@ -745,16 +745,15 @@ func TestRetryAfterExactBeforeThePreviousChange(t *testing.T) {
 }
 
 // TestRetryAfterExactWhenConversionClamped: a share cut converts booked
-// debt into more than MaxWindow of debt under the new limit. convert clamps
-// the TAT to now+MaxWindow — a bound that moves with now — so the key is
-// denied at now+RetryAfter again.
+// debt into days of debt under the new limit; RetryAfter stays exact (the
+// conversion is exact up to MaxTAT, where it saturates).
 func TestRetryAfterExactWhenConversionClamped(t *testing.T) {
 	const ta = 100 * s
 	prev := gcra.PerSecond(1000, 100)          // T 1 ms, window 100 ms
 	cur := gcra.FromInterval(1_000_000_000, 2) // T 1000 s: a share cut 10⁶-fold
 	sch := gcra.Change(gcra.Version{Limit: prev, Epoch: 1}, gcra.Version{Limit: cur, Epoch: 2, Effective: ta})
 	// A 1 s reservation booked under prev just before the change: 1000 tokens
-	// of debt, 10⁶ s under cur — far beyond MaxWindow.
+	// of debt, 10⁶ s (11.6 days) under cur.
 	st := gcra.State{TAT: ta + 1100*ms, Epoch: 1, Exists: true}
 	_, _, r, _ := gcra.Decide(st, ta, &sch, 1)
 	if r.Allowed {

@@ -9,14 +9,28 @@ import (
 )
 
 // MaxWindow caps how far ahead of now a key's theoretical arrival time may
-// run: Burst·T for every limit, and Burst·T + maxWait for reservations.
-// The Redis store keeps the TAT modulo 2^37 µs (about 38 hours) to pack it
-// with an epoch tag into one integer below 2^53, so the cap keeps every live
-// TAT readable. A daily quota with Burst equal to its daily rate (24 h) fits.
-const MaxWindow = 36 * time.Hour
+// run: Burst·T for every limit, and Burst·T + maxWait for reservations. It
+// is 2^51 µs, about 71 years, so that every instant the core computes —
+// now (below MaxTime, 2^52 µs) plus a window, plus a cost — stays an exact
+// integer below 2^53 in the Redis script's Lua doubles. A yearly quota fits
+// with room to spare; what it bounds in practice is a tiny share of a slow
+// limit, whose region may hold one event per T_r = T·10⁶/share: see
+// rebalance.MinShare.
+const MaxWindow = time.Duration(1<<51) * time.Microsecond
+
+// MaxBurst is the largest Burst a limit may have (2^39 − 1, about 5.5·10¹¹
+// events): the Redis store packs a request's cost, capped at 2^39, beside
+// the check's other fields in one exact integer.
+const MaxBurst = int64(1)<<39 - 1
 
 // MaxWindowMicros is MaxWindow in microseconds.
 const MaxWindowMicros = int64(MaxWindow / time.Microsecond)
+
+// MaxTAT bounds every TAT a store keeps or a conversion yields:
+// MaxTime + MaxWindow − 1. A written TAT is at most now + MaxWindow; a
+// conversion that would carry a key's debt beyond MaxTAT saturates there,
+// where the key is blocked for longer than any window lasts anyway.
+const MaxTAT = MaxTime + MaxWindowMicros - 1
 
 // Never is the RetryAfter of a request that can never be admitted under its
 // limit (cost above Burst, or the zero limit). It is the largest Duration, so
@@ -76,7 +90,7 @@ func New(rate int64, period time.Duration, burst int64) Limit {
 func FromInterval(intervalMicros, burst int64) Limit {
 	// The fast form of validate for a limit with no rate or period:
 	// usable iff T ≥ 1, Burst ≥ 1 and Burst·T within MaxWindow.
-	ok := intervalMicros > 0 && burst > 0 && !windowExceeds(burst, intervalMicros)
+	ok := intervalMicros > 0 && burst > 0 && burst <= MaxBurst && !windowExceeds(burst, intervalMicros)
 	return Limit{t: intervalMicros, burst: burst, ok: ok}
 }
 
@@ -146,8 +160,10 @@ func (l Limit) validate() error {
 	switch {
 	case l.burst < 1:
 		errs = append(errs, fmt.Errorf("burst %d: must be at least 1", l.burst))
+	case l.burst > MaxBurst:
+		errs = append(errs, fmt.Errorf("burst %d: above the maximum 2^39−1", l.burst))
 	case l.t > 0 && windowExceeds(l.burst, l.t):
-		errs = append(errs, fmt.Errorf("burst %d × interval %dµs: exceeds the maximum window %s", l.burst, l.t, MaxWindow))
+		errs = append(errs, fmt.Errorf("burst %d × interval %dµs: exceeds the maximum window of 2^51 µs (about 71 years)", l.burst, l.t))
 	}
 	return errors.Join(errs...)
 }

@@ -161,10 +161,11 @@ func TestLimitValidate(t *testing.T) {
 		want []string // one fragment per expected problem, in order
 	}{
 		{"zero limit", gcra.Limit{}, nil},
-		{"window exactly MaxWindow", gcra.FromInterval(1, mw), nil},
-		{"PerSecond at MaxWindow", gcra.PerSecond(1, 129_600), nil},
-		{"PerHour at MaxWindow", gcra.PerHour(1, 36), nil},
-		{"FromInterval half window", gcra.FromInterval(2, mw/2), nil},
+		{"window exactly MaxWindow", gcra.FromInterval(1<<13, mw>>13), nil},
+		{"burst exactly MaxBurst", gcra.FromInterval(1, gcra.MaxBurst), nil},
+		{"MaxWindow from whole powers of two", gcra.FromInterval(1<<20, 1<<31), nil},
+		{"one per year, burst one", gcra.New(1, 365*24*time.Hour, 1), nil},
+		{"FromInterval half window", gcra.FromInterval(1<<13, mw>>14), nil},
 		{"rate 0", gcra.PerSecond(0, 1), []string{"rate 0: must be at least 1"}},
 		{"rate and burst", gcra.PerSecond(0, 0), []string{"rate 0: must be at least 1", "burst 0: must be at least 1"}},
 		{"negative everything", gcra.New(-5, -time.Second, -1), []string{
@@ -175,10 +176,11 @@ func TestLimitValidate(t *testing.T) {
 		{"negative interval and burst", gcra.FromInterval(-3, -1), []string{
 			"interval -3µs: must be at least 1µs", "burst -1: must be at least 1"}},
 		{"burst 0 only", gcra.FromInterval(10, 0), []string{"burst 0: must be at least 1"}},
-		{"window 1µs too long", gcra.FromInterval(1, mw+1), []string{"exceeds the maximum window 36h0m0s"}},
-		{"window too long (PerSecond)", gcra.PerSecond(1, 129_601), []string{"burst 129601 × interval 1000000µs: exceeds the maximum window"}},
-		{"window too long (PerHour)", gcra.PerHour(1, 37), []string{"exceeds the maximum window"}},
-		{"huge burst", gcra.FromInterval(2, math.MaxInt64), []string{"exceeds the maximum window"}},
+		{"window 1µs too long", gcra.FromInterval(mw>>12+1, 1<<12), []string{"exceeds the maximum window of 2^51 µs"}},
+		{"burst above MaxBurst", gcra.FromInterval(1, gcra.MaxBurst+1), []string{"burst 549755813888: above the maximum 2^39−1"}},
+		{"window too long (PerSecond)", gcra.PerSecond(1, 2_251_799_814), []string{"burst 2251799814 × interval 1000000µs: exceeds the maximum window"}},
+		{"window too long (PerHour)", gcra.PerHour(1, 625_500), []string{"exceeds the maximum window"}},
+		{"huge burst", gcra.FromInterval(2, math.MaxInt64), []string{"above the maximum 2^39−1"}},
 		{"loss and burst", gcra.PerSecond(600_000, 0), []string{
 			"interval rounds up to 2µs", "burst 0: must be at least 1"}},
 	}

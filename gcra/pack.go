@@ -1,50 +1,146 @@
 package gcra
 
-// Stored values. A store that keeps one integer per key (Redis) packs the
-// TAT and the epoch tag into one integer below 2^53, exact in a Lua double:
-//
-//	packed = (TAT mod 2^37)·2^16 + tag
-//
-// The TAT is read back as the value congruent to the stored one modulo 2^37
-// in [ref − ReadBehind, ref − ReadBehind + 2^37), where ref is ReadRef's
-// reference time. Live TATs lie in that range. A state written under the
-// limit in force expires once rested (TAT ≤ now) and never runs more than
-// MaxWindow ahead of now; ReadBehind tolerates the store's clock stepping
-// back by up to an hour. A state written under the previous limit of a
-// change may outlive its TAT by far (its expiry is the converted TAT, see
-// State.Rested), but its TAT lies within MaxWindow after the change's
-// effective time, so it is read relative to that time.
-const (
-	tatBits = 37
-	tagBits = 16
-	tatMod  = int64(1) << tatBits
-	tagMod  = int64(1) << tagBits
-
-	// ReadBehind is how far in the past of now a packed TAT may lie and
-	// still be read back exactly.
-	ReadBehind = int64(1) << 32 // ≈ 71.6 minutes in µs
+import (
+	"errors"
+	"fmt"
 )
 
-// Pack packs a state into one integer below 2^53.
-func Pack(st State) int64 {
-	return ((st.TAT%tatMod+tatMod)%tatMod)<<tagBits | int64(st.Epoch)
+// Stored values. Every store keeps a key's state as the same ValueLen
+// bytes — Redis as the key's string value, gcra/memstore in its entry — so
+// the simulator decides on exactly what production stores:
+//
+//	bytes 0–6   the TAT, µs, big-endian (at most MaxTAT, below 2^53)
+//	bytes 7–11  the epoch tag (TagBits = 40 bits), big-endian
+//
+// The TAT is stored whole: it reads back exactly under any later schedule,
+// however long the key lives and whatever limits its schedule names by
+// then. Rested is not stored; a store's expiry carries it (Redis: PX).
+// Twelve bytes fit the smallest allocation Redis gives an embedded string
+// with a 48-byte key, so a key costs 16 bytes more than a bare integer
+// value with a TTL (redisstore's TestMemoryPerKey measures it).
+//
+// The first byte of a Value is below 0x20, so a Value is never mistaken for
+// the decimal integers of the packed format (PackV1) that stores wrote
+// before it.
+const ValueLen = 12
+
+// Value is a key's state as stored.
+type Value [ValueLen]byte
+
+// ErrBadValue is returned for stored bytes that are not a Value.
+var ErrBadValue = errors.New("gcra: stored value is malformed")
+
+// EncodeValue is st's stored form (st.Exists is assumed; Rested is not
+// stored). st.TAT must lie in [0, MaxTAT] and st.Epoch be a tag.
+func EncodeValue(st State) Value {
+	var v Value
+	t, e := uint64(st.TAT), st.Epoch
+	for i := 6; i >= 0; i-- {
+		v[i] = byte(t)
+		t >>= 8
+	}
+	for i := 11; i >= 7; i-- {
+		v[i] = byte(e)
+		e >>= 8
+	}
+	return v
 }
 
-// ReadRef is the reference time for unpacking a state with epoch tag tag
-// at now under s: the current limit's effective time for a state written
-// under the previous limit of a change already in effect, now otherwise.
-func ReadRef(s *Schedule, tag uint16, now int64) int64 {
-	if s.HasPrevious && tag == EpochTag(s.Previous.Epoch) && s.Current.Effective < now {
+// DecodeValue reads a stored Value back: the exact TAT and epoch tag, with
+// Exists set. It fails with ErrBadValue for anything of another length or
+// with a TAT above MaxTAT.
+func DecodeValue(b []byte) (State, error) {
+	if len(b) != ValueLen {
+		return State{}, fmt.Errorf("%w: %d bytes, want %d", ErrBadValue, len(b), ValueLen)
+	}
+	var t, e uint64
+	for _, c := range b[:7] {
+		t = t<<8 | uint64(c)
+	}
+	for _, c := range b[7:] {
+		e = e<<8 | uint64(c)
+	}
+	if t > uint64(MaxTAT) {
+		return State{}, fmt.Errorf("%w: TAT %d µs above MaxTAT", ErrBadValue, t)
+	}
+	return State{TAT: int64(t), Epoch: e, Exists: true}, nil
+}
+
+// The packed format (V1) is what stores wrote before Value: one integer
+// below 2^53, exact in a Lua double,
+//
+//	packed = (TAT mod 2^37)·2^16 + (epoch tag mod 2^16)
+//
+// It loses the TAT's high bits and the tag's, so reading it back needs a
+// guess of where the TAT lies; the guess fails for a state that outlives
+// the schedule that wrote it (issue 14: a daily key blocked for 13 hours).
+// Stores still read it — keys written by an older release, and the keys a
+// store writes in this format while older agents share its Redis during a
+// rolling upgrade (redisstore.Config.WriteFormat) — and never misread it
+// towards admitting: see UnpackV1.
+const (
+	v1TATBits = 37
+	v1TagBits = 16
+	v1TATMod  = int64(1) << v1TATBits
+	v1TagMod  = int64(1) << v1TagBits
+
+	// V1MaxWindow is the longest window (Burst·T, plus maxWait for a
+	// reservation) a key may have while its state is kept in the packed
+	// format: the older release's MaxWindow. Older agents read a packed TAT
+	// within 2^37 − 2^32 µs (≈ 36.9 h) ahead of now; a window above this
+	// would be misread by them as far behind.
+	V1MaxWindow = int64(36*3600) * 1_000_000
+
+	// V1ReadBehind is how far behind now the older release reads a packed
+	// TAT (ReadRefV1).
+	V1ReadBehind = int64(1) << 32 // ≈ 71.6 minutes in µs
+
+	// V1ExpirySlack is the allowance (60 s) UnpackV1's callers add to a
+	// key's expiry: it is set in whole milliseconds on the server's
+	// millisecond clock, so it may lie a millisecond or two before Rested.
+	// Any slack well below 2^37 µs reads the same TAT; a generous one also
+	// covers a test that moves its explicit now apart from the server's
+	// clock by a little.
+	V1ExpirySlack = 60_000_000
+)
+
+// PackV1 is st in the packed format.
+func PackV1(st State) int64 {
+	return ((st.TAT%v1TATMod+v1TATMod)%v1TATMod)<<v1TagBits | int64(st.Epoch&uint64(v1TagMod-1))
+}
+
+// UnpackV1 reads a packed value back. The TAT is the latest instant
+// congruent to the stored one modulo 2^37 that is not after upper — for a
+// key with an expiry, upper = now + its remaining time to live +
+// V1ExpirySlack: a key's expiry is its Rested, never before its TAT, and
+// never more than 2^37 µs (≈ 38 h) after it for any state a store writes, so
+// the TAT read is exact. (The older release read relative to ReadRefV1
+// instead, which fails once the state outlives its schedule.) For a key
+// without an expiry, pass ReadRefV1 − V1ReadBehind + 2^37 − 1.
+//
+// The epoch tag is widened to TagBits relative to the schedule's current
+// epoch: the tag nearest to it with the same low 16 bits. For a schedule
+// whose two epochs are within 2^15 of each other (the older release's
+// Validate required it), a state written under either reads back under it,
+// and any other tag reads as newer or older exactly as the older release
+// compared them.
+func UnpackV1(v, upper int64, s *Schedule) State {
+	low := v >> v1TagBits
+	off := ((upper-low)%v1TATMod + v1TATMod) % v1TATMod
+	cur := EpochTag(s.Current.Epoch)
+	d := (uint64(v)-cur)&uint64(v1TagMod-1) ^ 1<<(v1TagBits-1) // bias by 2^15
+	tag := (cur + d - 1<<(v1TagBits-1)) & tagMask
+	return State{TAT: upper - off, Epoch: tag, Exists: true}
+}
+
+// ReadRefV1 is the older release's reference time for a packed state with
+// 16-bit tag tag at now under s: the current limit's effective time for a
+// state written under the previous limit of a change already in effect,
+// now otherwise. It reads the TAT in [ref − V1ReadBehind,
+// ref − V1ReadBehind + 2^37).
+func ReadRefV1(s *Schedule, tag uint16, now int64) int64 {
+	if s.HasPrevious && uint64(tag) == s.Previous.Epoch&uint64(v1TagMod-1) && s.Current.Effective < now {
 		return s.Current.Effective
 	}
 	return now
-}
-
-// Unpack reads a packed state back relative to ref (see ReadRef).
-func Unpack(v, ref int64) State {
-	tag := uint16(v & (tagMod - 1))
-	low := v >> tagBits
-	base := ref - ReadBehind
-	off := ((low-base)%tatMod + tatMod) % tatMod
-	return State{TAT: base + off, Epoch: tag, Exists: true}
 }

@@ -14,6 +14,11 @@ import (
 
 const maxWindow = gcra.MaxWindowMicros
 
+// span is the scale of the time offsets the change properties draw: 36 h,
+// the windows of every limit genLimit draws and then some. genChange also
+// draws long limits, whose windows reach span·64 (about 96 days).
+const span = int64(36*3600) * 1_000_000
+
 // TestMain keeps rapid from writing testdata/rapid/*.fail files into the
 // package directory unless asked to (-rapid.nofailfile=false); a failure
 // still prints the -rapid.seed that reproduces it.
@@ -278,33 +283,36 @@ func TestPropertyRemainingExact(t *testing.T) {
 	})
 }
 
-// tokensBound checks one limit change: R = TAT' − ta is what the key holds
-// under a at the change time ta (tokens_a = Burst_a − R/T_a), and
+// tokensBound checks one limit change at ta: R = TAT' − ta is what the key
+// holds under a at the change time (tokens_a = Burst_a − R/T_a), and
 // creditP = Burst_p·T_p − max(tat−ta, 0) is what it held under p
 // (tokens_p = creditP/T_p, negative for booked debt). The conversion must
-// never raise tokens — tokens_a ≤ min(tokens_p, Burst_a) — and, unless the
-// debt is capped at 2^39 µs (documented in schedule.go), must lose less than
-// 1µs of a's credit.
-func tokensBound(t *rapid.T, what string, p, a gcra.Limit, creditP, R int64) {
+// never raise tokens — tokens_a ≤ min(tokens_p, Burst_a) — and must lose
+// less than 1µs of a's credit, unless the TAT saturates at gcra.MaxTAT
+// (documented in schedule.go).
+func tokensBound(t *rapid.T, what string, p, a gcra.Limit, creditP, ta, R int64) {
 	Tp, Ta := big.NewInt(p.IntervalMicros()), big.NewInt(a.IntervalMicros())
 	fullA := a.Burst() * a.IntervalMicros()
-	const debtCap = 1 << 39
-	if R < 0 || R > fullA+debtCap {
-		t.Fatalf("%s: converted TAT %dµs after the change, outside [0, Burst·T + 2^39]", what, R)
+	if R < 0 || ta+R > gcra.MaxTAT {
+		t.Fatalf("%s: converted TAT %dµs after the change, outside [0, MaxTAT − ta]", what, R)
 	}
 	if creditP < 0 {
 		// Booked reservations: the debt keeps the larger of its length in
-		// time and its tokens at a's rate (rounded up), capped at 2^39 µs.
-		debt := min(-creditP, int64(debtCap))
+		// time and its tokens at a's rate (rounded up); the TAT saturates
+		// at MaxTAT.
+		debt := -creditP
 		q := new(big.Int).Mul(big.NewInt(debt), Ta)
 		q.Add(q, new(big.Int).Sub(Tp, big.NewInt(1)))
 		q.Div(q, Tp)
-		if q.Cmp(big.NewInt(debtCap)) > 0 {
-			q.SetInt64(debtCap)
+		if q.Cmp(big.NewInt(debt)) < 0 {
+			q.SetInt64(debt)
 		}
-		want := fullA + max(debt, q.Int64())
-		if R != want {
-			t.Fatalf("%s: debt %dµs under %v converted to TAT +%dµs under %v, want +%d", what, debt, p, R, a, want)
+		want := new(big.Int).Add(q, big.NewInt(ta+fullA))
+		if want.Cmp(big.NewInt(gcra.MaxTAT)) > 0 {
+			want.SetInt64(gcra.MaxTAT)
+		}
+		if ta+R != want.Int64() {
+			t.Fatalf("%s: debt %dµs under %v converted to TAT +%dµs under %v, want +%d", what, debt, p, R, a, want.Int64()-ta)
 		}
 		return
 	}
@@ -315,14 +323,6 @@ func tokensBound(t *rapid.T, what string, p, a gcra.Limit, creditP, R int64) {
 	limit := credit
 	if capA.Cmp(limit) < 0 {
 		limit = capA
-	}
-	// Exact debt beyond the cap: the converted TAT sits at the cap.
-	capAt := new(big.Int).Mul(big.NewInt(fullA-debtCap), Tp)
-	if limit.Cmp(capAt) < 0 {
-		if R != fullA+debtCap {
-			t.Fatalf("%s: exact debt lies beyond 2^39µs, want TAT at Burst·T + 2^39, got +%dµs", what, R)
-		}
-		return
 	}
 	if have.Cmp(limit) > 0 {
 		t.Fatalf("%s: conversion raised tokens: %s/%d·%d > min(%d/%d, %d) (p=%v a=%v creditP=%d R=%d)",
@@ -356,14 +356,28 @@ type changeCase struct {
 	windowA  int64
 }
 
+// genLongLimit draws a limit of a long period: T up to a year's worth of
+// µs, the window up to 64·span.
+func genLongLimit(t *rapid.T, label string) gcra.Limit {
+	T := rapid.Int64Range(1, 365*24*3600*1_000_000).Draw(t, label+"T")
+	b := rapid.Int64Range(1, max(1, min(1000, 64*span/T))).Draw(t, label+"Burst")
+	return gcra.FromInterval(T, b)
+}
+
 func genChange(t *rapid.T) changeCase {
 	var c changeCase
-	c.p = genLimit(t, "prev")
-	c.a = genLimit(t, "cur")
+	lim := func(label string) gcra.Limit {
+		if rapid.IntRange(0, 3).Draw(t, label+"Long") == 0 {
+			return genLongLimit(t, label)
+		}
+		return genLimit(t, label)
+	}
+	c.p = lim("prev")
+	c.a = lim("cur")
 	c.pe = rapid.Uint64().Draw(t, "prevEpoch")
 	c.ae = c.pe + rapid.Uint64Range(1, 1000).Draw(t, "epochStep")
-	c.ta = rapid.Int64Range(3*maxWindow, 1<<50).Draw(t, "effective")
-	c.pEff = c.ta - rapid.Int64Range(0, 2*maxWindow).Draw(t, "prevAge")
+	c.ta = rapid.Int64Range(3*span, 1<<50).Draw(t, "effective")
+	c.pEff = c.ta - rapid.Int64Range(0, 2*span).Draw(t, "prevAge")
 	c.sch = gcra.Change(
 		gcra.Version{Limit: c.p, Epoch: c.pe, Effective: c.pEff},
 		gcra.Version{Limit: c.a, Epoch: c.ae, Effective: c.ta})
@@ -387,14 +401,14 @@ func TestPropertyLimitChangeKeepsTokens(t *testing.T) {
 		off := rapid.OneOf(
 			rapid.Int64Range(-3*c.windowP, c.windowP),
 			rapid.Int64Range(c.windowP, min(maxWindow, 5*c.windowP)),
-			rapid.Int64Range(-maxWindow, maxWindow),
+			rapid.Int64Range(-span, span),
 		).Draw(t, "tatOffset")
 		st := gcra.State{TAT: c.ta + off, Epoch: gcra.EpochTag(c.pe), Exists: true}
 		creditP := c.windowP - max(off, 0)
 
 		R := peekReset(t, st, c.ta, &c.sch, c.a)
-		tokensBound(t, "prev-epoch state", c.p, c.a, creditP, R)
-		clamped := R == maxWindow
+		tokensBound(t, "prev-epoch state", c.p, c.a, creditP, c.ta, R)
+		clamped := c.ta+R == gcra.MaxTAT
 
 		// Later, the same conversion refilled at a's rate.
 		delta := rapid.Int64Range(0, 2*c.windowA).Draw(t, "later")
@@ -440,7 +454,7 @@ func TestPropertyLimitChangeNoState(t *testing.T) {
 			c.sch.Previous.Limit = gcra.Limit{}
 			wantR = c.windowA
 		} else {
-			tokensBound(t, "no state", c.p, c.a, c.windowP, peekReset(t, gcra.State{}, c.ta, &c.sch, c.a))
+			tokensBound(t, "no state", c.p, c.a, c.windowP, c.ta, peekReset(t, gcra.State{}, c.ta, &c.sch, c.a))
 		}
 		if got := peekReset(t, gcra.State{}, c.ta, &c.sch, c.a); got != wantR {
 			t.Fatalf("no state at the change: TAT ta+%d, want ta+%d (tokens min(%d, %d))", got, wantR, c.p.Burst(), c.a.Burst())
@@ -472,11 +486,11 @@ func TestPropertyLimitChangeOlderState(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		c := genChange(t)
 		tag := gcra.EpochTag(c.pe - rapid.Uint64Range(1, 1000).Draw(t, "age"))
-		tat := c.ta + rapid.Int64Range(-maxWindow, maxWindow).Draw(t, "tatOffset")
+		tat := c.ta + rapid.Int64Range(-span, span).Draw(t, "tatOffset")
 		st := gcra.State{TAT: tat, Epoch: tag, Exists: true}
 		tatP := max(c.pEff+c.windowP, tat) // the state under p
 		creditP := c.windowP - max(tatP-c.ta, 0)
-		tokensBound(t, "older state", c.p, c.a, creditP, peekReset(t, st, c.ta, &c.sch, c.a))
+		tokensBound(t, "older state", c.p, c.a, creditP, c.ta, peekReset(t, st, c.ta, &c.sch, c.a))
 		if c.pEff < c.ta {
 			before := rapid.Int64Range(c.pEff, c.ta-1).Draw(t, "before")
 			want := max(tatP-before, 0)
@@ -492,12 +506,12 @@ func TestPropertyLimitChangeOlderState(t *testing.T) {
 func TestPropertyLimitChangeNewerState(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		c := genChange(t)
-		// Ahead of the current epoch, and so (by at most 2^15−1) of the previous one.
-		tag := gcra.EpochTag(c.ae + rapid.Uint64Range(1, 1<<15-1-1000).Draw(t, "ahead"))
+		// Ahead of the current epoch, and so (by at most 2^39−1) of the previous one.
+		tag := gcra.EpochTag(c.ae + rapid.Uint64Range(1, 1<<39-1-1000).Draw(t, "ahead"))
 		if rapid.Bool().Draw(t, "sameAsCurrent") {
 			tag = gcra.EpochTag(c.ae) // the current epoch: also as stored
 		}
-		now := c.ta + rapid.Int64Range(-maxWindow, maxWindow).Draw(t, "nowOffset")
+		now := c.ta + rapid.Int64Range(-span, span).Draw(t, "nowOffset")
 		tat := now + rapid.Int64Range(-3*c.windowA, c.windowA).Draw(t, "tatOffset")
 		st := gcra.State{TAT: tat, Epoch: tag, Exists: true}
 		l := c.a
@@ -614,19 +628,49 @@ func countWrites(ws []bool) int {
 	return n
 }
 
-// TestPropertyPackRoundTrip: a packed state below 2^53 reads back exactly
-// for any TAT within [now − ReadBehind, now − ReadBehind + 2^37).
-func TestPropertyPackRoundTrip(t *testing.T) {
+// TestPropertyValueRoundTrip: every state a store can hold reads back from
+// its Value exactly, with no reference time: any TAT in [0, MaxTAT], any
+// tag.
+func TestPropertyValueRoundTrip(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		now := rapid.Int64Range(-1<<55, 1<<55).Draw(t, "now")
-		tat := now - gcra.ReadBehind + rapid.Int64Range(0, 1<<37-1).Draw(t, "offset")
-		st := gcra.State{TAT: tat, Epoch: uint16(rapid.Uint16().Draw(t, "tag")), Exists: true}
-		v := gcra.Pack(st)
-		if v < 0 || v >= 1<<53 {
-			t.Fatalf("Pack(%+v) = %d, outside [0, 2^53)", st, v)
+		st := gcra.State{
+			TAT:    rapid.Int64Range(0, gcra.MaxTAT).Draw(t, "tat"),
+			Epoch:  gcra.EpochTag(rapid.Uint64().Draw(t, "epoch")),
+			Exists: true,
 		}
-		if got := gcra.Unpack(v, now); got != st {
-			t.Fatalf("Unpack(Pack(%+v), %d) = %+v", st, now, got)
+		v := gcra.EncodeValue(st)
+		if v[0] >= 0x20 {
+			t.Fatalf("EncodeValue(%+v) starts with %#x: could be read as a packed decimal", st, v[0])
+		}
+		got, err := gcra.DecodeValue(v[:])
+		if err != nil || got != st {
+			t.Fatalf("DecodeValue(EncodeValue(%+v)) = %+v, %v", st, got, err)
+		}
+	})
+}
+
+// TestPropertyPackV1RoundTrip: a packed state below 2^53 reads back
+// exactly below any upper bound less than 2^37 µs after its TAT, and its
+// 16-bit tag widens to the epoch it was written under when that lies within
+// 2^15 of the schedule's current epoch.
+func TestPropertyPackV1RoundTrip(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		tat := rapid.Int64Range(0, gcra.MaxTime+gcra.V1MaxWindow).Draw(t, "tat")
+		cur := rapid.Uint64Range(0, 1<<50).Draw(t, "current")
+		epoch := cur + rapid.Uint64Range(0, 1<<15-1).Draw(t, "behind") - 1<<14
+		if rapid.Bool().Draw(t, "ahead") {
+			epoch = cur + rapid.Uint64Range(0, 1<<15-1).Draw(t, "ahead")
+		}
+		st := gcra.State{TAT: tat, Epoch: gcra.EpochTag(epoch), Exists: true}
+		v := gcra.PackV1(st)
+		if v < 0 || v >= 1<<53 {
+			t.Fatalf("PackV1(%+v) = %d, outside [0, 2^53)", st, v)
+		}
+		upper := tat + rapid.Int64Range(0, 1<<37-1).Draw(t, "slack")
+		sch := gcra.Steady(gcra.PerSecond(1, 1))
+		sch.Current.Epoch = cur
+		if got := gcra.UnpackV1(v, upper, &sch); got != st {
+			t.Fatalf("UnpackV1(PackV1(%+v), %d) = %+v", st, upper, got)
 		}
 	})
 }
@@ -639,9 +683,9 @@ func TestPropertyPackRoundTrip(t *testing.T) {
 func TestPropertyRetryAfterExactAcrossSchedules(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		c := genChange(t)
-		now := c.ta + rapid.Int64Range(-3*maxWindow, 2*c.windowA).Draw(t, "nowOffset")
-		off := rapid.Int64Range(-3*max(c.windowP, c.windowA), maxWindow).Draw(t, "tatOffset")
-		tags := []uint16{gcra.EpochTag(c.pe), gcra.EpochTag(c.ae), gcra.EpochTag(c.pe - 3), gcra.EpochTag(c.ae + 3)}
+		now := c.ta + rapid.Int64Range(-3*span, 2*c.windowA).Draw(t, "nowOffset")
+		off := rapid.Int64Range(-3*max(c.windowP, c.windowA), max(span, c.windowA)).Draw(t, "tatOffset")
+		tags := []uint64{gcra.EpochTag(c.pe), gcra.EpochTag(c.ae), gcra.EpochTag(c.pe - 3), gcra.EpochTag(c.ae + 3)}
 		var st gcra.State
 		if k := rapid.IntRange(0, len(tags)).Draw(t, "epoch"); k < len(tags) {
 			st = gcra.State{TAT: now + off, Epoch: tags[k], Exists: true}
@@ -657,6 +701,9 @@ func TestPropertyRetryAfterExactAcrossSchedules(t *testing.T) {
 		ra := us(r.RetryAfter)
 		if now < c.ta && now+ra >= c.ta {
 			return // crosses the change
+		}
+		if now+ra >= gcra.MaxTime {
+			return // booked debt converted to a slow limit: beyond the clock's range
 		}
 		if _, _, early, _ := gcra.Decide(st, now+ra-1, &c.sch, n); early.Allowed {
 			t.Fatalf("admitted 1µs before RetryAfter %v", r.RetryAfter)
@@ -680,8 +727,8 @@ func TestPropertyDroppedAfterRestedNeverGains(t *testing.T) {
 			return gcra.FromInterval(T, B)
 		}
 		p, a := lim("prev"), lim("cur")
-		ta := rapid.Int64Range(3*maxWindow, 10*maxWindow).Draw(t, "ta")
-		sch := gcra.Change(gcra.Version{Limit: p, Epoch: 1, Effective: ta - rapid.Int64Range(0, maxWindow).Draw(t, "prevAge")},
+		ta := rapid.Int64Range(3*span, 10*span).Draw(t, "ta")
+		sch := gcra.Change(gcra.Version{Limit: p, Epoch: 1, Effective: ta - rapid.Int64Range(0, span).Draw(t, "prevAge")},
 			gcra.Version{Limit: a, Epoch: 2, Effective: ta})
 		// Drive the key with a few admissions around the change.
 		var st gcra.State

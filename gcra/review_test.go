@@ -19,13 +19,15 @@ func TestScheduleEpochOrder(t *testing.T) {
 		ok        bool
 	}{
 		{1, 2, true},
-		{65535, 65536, true}, // wraps: tag 65535 → 0
-		{100, 100 + 32767, true},
-		{100, 100 + 32768, false}, // half-way round: ambiguous
-		{100, 40100, false},       // the reviewer's case: previous looks newer
+		{65535, 65536, true},       // 16 bits wrap; 40 do not
+		{100, 40100, true},         // the old 16-bit reviewer's case: fine with 40 bits
+		{1<<40 - 1, 1 << 40, true}, // wraps: tag 2^40−1 → 0
+		{100, 100 + 1<<39 - 1, true},
+		{100, 100 + 1<<39, false},     // half-way round: ambiguous
+		{100, 100 + 1<<39 + 5, false}, // previous looks newer
 		{5, 5, false},
 		{6, 5, false},
-		{7, 7 + 65536, false}, // equal tags
+		{7, 7 + 1<<40, false}, // equal tags
 	}
 	for _, tt := range tests {
 		sch := gcra.Change(gcra.Version{Limit: l, Epoch: tt.prev}, gcra.Version{Limit: l, Epoch: tt.cur, Effective: 10})
@@ -63,19 +65,29 @@ func TestTimeRange(t *testing.T) {
 	}
 }
 
-// TestUnpackLongAfterChange: a state written under the previous limit of a
-// change lives until its converted TAT, maybe days after its own TAT; it is
-// read back relative to the change's effective time.
-func TestUnpackLongAfterChange(t *testing.T) {
+// TestUnpackV1LongAfterChange: a packed state written under the previous
+// limit of a change lives until its converted TAT, maybe days after its own
+// TAT. Read below its expiry it comes back exactly however long after the
+// change and whatever the schedule by then; the older release's reference
+// time (ReadRefV1) lost it once the schedule moved on.
+func TestUnpackV1LongAfterChange(t *testing.T) {
 	const eff = int64(1_800_000_000_000_000)
 	sch := gcra.Change(gcra.Version{Limit: gcra.FromInterval(1_000_000, 1), Epoch: 1},
 		gcra.Version{Limit: gcra.FromInterval(3*3600*1_000_000, 1), Epoch: 2, Effective: eff})
+	next := gcra.Change(sch.Current, gcra.Version{Limit: gcra.FromInterval(2*3600*1_000_000, 1), Epoch: 3, Effective: eff + 60e6})
 	st := gcra.State{TAT: eff + 500_000, Epoch: 1, Exists: true}
-	for _, gap := range []int64{0, 73 * 60 * 1_000_000, 6 * 24 * 3600 * 1_000_000} {
+	rested := eff + 3*3600*1_000_000 // the converted TAT: the key's expiry
+	for _, gap := range []int64{0, 73 * 60 * 1_000_000, 2 * 3600 * 1_000_000} {
 		now := st.TAT + gap
-		got := gcra.Unpack(gcra.Pack(st), gcra.ReadRef(&sch, st.Epoch, now))
-		if got.TAT != st.TAT {
-			t.Errorf("read %dµs after its TAT: got TAT %d, want %d", gap, got.TAT, st.TAT)
+		for _, s := range []*gcra.Schedule{&sch, &next} {
+			got := gcra.UnpackV1(gcra.PackV1(st), rested+gcra.V1ExpirySlack, s)
+			if got != st {
+				t.Errorf("read %dµs after its TAT under epoch %d: got %+v, want %+v", gap, s.Current.Epoch, got, st)
+			}
+		}
+		old := gcra.UnpackV1(gcra.PackV1(st), gcra.ReadRefV1(&next, 1, now)-gcra.V1ReadBehind+1<<37-1, &next)
+		if gap > gcra.V1ReadBehind && old.TAT == st.TAT {
+			t.Errorf("the older release's read %dµs after the TAT found it: the regression this replaces is gone?", gap)
 		}
 	}
 }

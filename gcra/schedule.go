@@ -14,11 +14,17 @@ type Version struct {
 	Effective int64
 }
 
-// EpochTag is the part of an epoch stored with each key: its low 16 bits.
-// Tags compare by serial-number arithmetic (RFC 1982): a tag 1…32767 ahead
-// is newer. See the package documentation for the bound this places on
-// callers.
-func EpochTag(epoch uint64) uint16 { return uint16(epoch) }
+// TagBits is the width of the epoch tag stored with each key.
+const TagBits = 40
+
+// tagMask keeps an epoch's low TagBits bits.
+const tagMask = uint64(1)<<TagBits - 1
+
+// EpochTag is the part of an epoch stored with each key: its low TagBits
+// (40) bits. Tags compare by serial-number arithmetic (RFC 1982): a tag 1 to
+// 2^39 − 1 ahead is newer. See the package documentation for the bound this
+// places on callers.
+func EpochTag(epoch uint64) uint64 { return epoch & tagMask }
 
 // Schedule tells a store which limit applies to a key: the limit in force
 // (Current, from Current.Effective on) and, when HasPrevious, the limit it
@@ -57,7 +63,7 @@ func (s *Schedule) Validate() error {
 			errs = append(errs, fmt.Errorf("previous limit %s: %w", s.Previous.Limit, err))
 		}
 		if !newer(EpochTag(s.Current.Epoch), EpochTag(s.Previous.Epoch)) {
-			errs = append(errs, fmt.Errorf("previous epoch %d and current epoch %d: the current epoch's tag (low 16 bits) must be 1 to 32767 ahead of the previous one's",
+			errs = append(errs, fmt.Errorf("previous epoch %d and current epoch %d: the current epoch's tag (low 40 bits) must be 1 to 2^39−1 ahead of the previous one's",
 				s.Previous.Epoch, s.Current.Epoch))
 		}
 		if s.Previous.Effective < 0 || s.Previous.Effective >= MaxTime {
@@ -124,10 +130,11 @@ func (s *Schedule) written(st State, v *Version, tat int64) State {
 	return State{TAT: tat, Rested: rested, Epoch: tag, Exists: true}
 }
 
-// newer reports whether tag a is 1…32767 ahead of tag b.
-func newer(a, b uint16) bool {
-	d := a - b
-	return d != 0 && d < 1<<15
+// newer reports whether tag a is 1 to 2^39 − 1 ahead of tag b (both
+// TagBits wide).
+func newer(a, b uint64) bool {
+	d := (a - b) & tagMask
+	return d != 0 && d < 1<<(TagBits-1)
 }
 
 // tatUnder is the TAT that st stands for under version a (in force at now),
@@ -175,11 +182,10 @@ func emptyAt(l Limit, t int64) int64 {
 	return t + l.burst*l.t
 }
 
-// convCap bounds the debt a conversion carries (2^39 µs, about 6 days):
-// beyond it a key is blocked far past MaxWindow either way. The converted
-// TAT stays below 2^53, and since admitting or booking needs
-// TAT ≤ now + MaxWindow, a TAT that far ahead is never written.
-const convCap = 1 << 39
+// mulCap is where the conversion's quotients saturate: MaxTAT, above every
+// window (a credit that large is a full burst) and every debt that does not
+// saturate the converted TAT itself.
+const mulCap = MaxTAT
 
 // convert turns tat, a TAT under limit p, into the TAT under limit a that
 // keeps the available tokens at the change time ta, clamped to a's burst:
@@ -189,7 +195,12 @@ const convCap = 1 << 39
 // already booked — keeps at least its length in time: the booked requests
 // are served at the slots they were given, so under a faster limit new
 // bookings start only after the last of them (converting it by tokens
-// alone would let the two overlap and serve above the new rate).
+// alone would let the two overlap and serve above the new rate). The result
+// saturates at MaxTAT.
+//
+// Every operand is exact in a double (below 2^53); the products are exact
+// 128-bit ones here and in the Lua script (which splits them into 26-bit
+// limbs), so both compute the same integer.
 func convert(tat int64, p, a Limit, ta int64) int64 {
 	if !a.usable() {
 		return tat // the zero limit decides nothing and writes nothing
@@ -207,30 +218,40 @@ func convert(tat int64, p, a Limit, ta int64) int64 {
 		}
 		return ta + full - c
 	}
-	debt := min(-credit, convCap)
-	return ta + full + max(debt, mulDivCeil(debt, a.t, p.t))
+	debt := min(-credit, mulCap)
+	q := max(debt, mulDivCeil(debt, a.t, p.t))
+	if q >= MaxTAT-ta-full {
+		return MaxTAT
+	}
+	return ta + full + q
 }
 
-// mulDivFloor is floor(x·y/z) for 0 ≤ x ≤ 2^39, 0 < y, z ≤ 2^37, capped at
-// convCap. The Lua script computes the same by long division on doubles.
+// mulDivFloor is min(floor(x·y/z), mulCap) for 0 ≤ x ≤ MaxTAT and
+// 0 < y, z ≤ MaxWindowMicros.
 func mulDivFloor(x, y, z int64) int64 {
-	hi, lo := bits.Mul64(uint64(x), uint64(y))
-	if hi >= uint64(z) {
-		return convCap
-	}
-	q, _ := bits.Div64(hi, lo, uint64(z))
-	return int64(min(q, convCap))
+	q, _ := mulDiv(x, y, z)
+	return q
 }
 
-// mulDivCeil is ceil(x·y/z) under the same bounds as mulDivFloor.
+// mulDivCeil is min(ceil(x·y/z), mulCap) under the same bounds.
 func mulDivCeil(x, y, z int64) int64 {
-	hi, lo := bits.Mul64(uint64(x), uint64(y))
-	if hi >= uint64(z) {
-		return convCap
-	}
-	q, r := bits.Div64(hi, lo, uint64(z))
-	if r != 0 {
+	q, r := mulDiv(x, y, z)
+	if r != 0 && q < mulCap {
 		q++
 	}
-	return int64(min(q, convCap))
+	return q
+}
+
+// mulDiv is floor(x·y/z) and its remainder, the quotient saturating at
+// mulCap (remainder 0 then).
+func mulDiv(x, y, z int64) (int64, uint64) {
+	hi, lo := bits.Mul64(uint64(x), uint64(y))
+	if hi >= uint64(z) {
+		return mulCap, 0
+	}
+	q, r := bits.Div64(hi, lo, uint64(z))
+	if q >= uint64(mulCap) {
+		return mulCap, 0
+	}
+	return int64(q), r
 }

@@ -127,27 +127,48 @@ func splitRanked(total int64, weights []float64, rank []int, out []int64) {
 // limit (deny everything).
 func RegionalLimit(global gcra.Limit, share uint32, burst int64) gcra.Limit {
 	t := global.IntervalMicros()
-	if share == 0 || burst <= 0 || t <= 0 || t > gcra.MaxWindowMicros {
+	if share == 0 || burst <= 0 || t <= 0 {
 		return gcra.Limit{}
 	}
-	num := t * PPM // T ≤ MaxWindow (~2^37 µs), so this fits in 64 bits
-	tr := num / int64(share)
-	if num%int64(share) != 0 {
-		tr++
+	hi, lo := bits.Mul64(uint64(t), PPM)
+	if hi >= uint64(share) {
+		return gcra.Limit{} // T_r ≥ 2^64 µs
 	}
-	if tr > gcra.MaxWindowMicros {
+	q, r := bits.Div64(hi, lo, uint64(share))
+	if r != 0 {
+		q++
+	}
+	if q > uint64(gcra.MaxWindowMicros) {
 		// A share this small of a slow limit cannot be expressed within the
-		// window; the region gets nothing rather than more than its share.
+		// window; the region gets nothing rather than more than its share
+		// (see MinShare).
 		return gcra.Limit{}
 	}
-	b := burst
+	tr := int64(q)
+	b := min(burst, gcra.MaxBurst)
 	if hi, lo := bits.Mul64(uint64(b), uint64(tr)); hi != 0 || lo > uint64(gcra.MaxWindowMicros) {
 		b = gcra.MaxWindowMicros / tr // the region's window may not exceed MaxWindow
 	}
-	if b < 1 {
-		return gcra.Limit{}
-	}
 	return gcra.FromInterval(tr, b)
+}
+
+// MinShare is the smallest non-zero share (ppm) of global that a region
+// can run: below it T_r = ceil(T·10⁶/s) exceeds gcra.MaxWindow and
+// RegionalLimit gives the zero limit. It is 1 for every limit of at least
+// one event per 37.5 minutes; 38 for one per day, 14,270 (1.4 %) for one
+// per year. A zero limit or one whose T exceeds MaxWindow returns PPM + 1
+// (no share will do).
+func MinShare(global gcra.Limit) uint32 {
+	t := global.IntervalMicros()
+	if t <= 0 || t > gcra.MaxWindowMicros {
+		return PPM + 1
+	}
+	hi, lo := bits.Mul64(uint64(t), PPM)
+	q, r := bits.Div64(hi, lo, uint64(gcra.MaxWindowMicros))
+	if r != 0 {
+		q++
+	}
+	return uint32(max(q, 1))
 }
 
 // SplitBurst divides the global burst among regions in proportion to their

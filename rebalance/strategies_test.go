@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/rebalance"
@@ -489,9 +490,21 @@ func TestRegionalLimit(t *testing.T) {
 		{name: "zero burst", giveLimit: g, giveShare: 5, giveBurst: 0, want: gcra.Limit{}},
 		{name: "zero budget", giveLimit: gcra.Limit{}, giveShare: 5, giveBurst: 1, want: gcra.Limit{}},
 		{name: "invalid huge T does not overflow", giveLimit: gcra.FromInterval(1<<60, 1), giveShare: 1, giveBurst: 1, want: gcra.Limit{}},
-		{name: "beyond the window", giveLimit: gcra.FromInterval(1_000_000, 1), giveShare: 1, giveBurst: 1, want: gcra.Limit{}},
-		{name: "burst capped at the window", giveLimit: gcra.FromInterval(1_000_000, 100), giveShare: 10000, giveBurst: 5000,
-			want: gcra.FromInterval(100_000_000, gcra.MaxWindowMicros/100_000_000)},
+		{name: "beyond the window", giveLimit: gcra.FromInterval(3_000_000_000, 1), giveShare: 1, giveBurst: 1, want: gcra.Limit{}},
+		{name: "burst capped at the window", giveLimit: gcra.FromInterval(1_000_000_000, 100), giveShare: 10000, giveBurst: 50_000,
+			want: gcra.FromInterval(100_000_000_000, gcra.MaxWindowMicros/100_000_000_000)},
+		// Long limits (issue 14, defect 2). Each was the zero limit on
+		// 2023668, where a region's T above 36 h could not be expressed.
+		{name: "5/day at 10 %: T_r of 48 h", giveLimit: gcra.New(5, 24*time.Hour, 5), giveShare: 100_000, giveBurst: 1,
+			want: gcra.FromInterval(172_800_000_000, 1)},
+		{name: "1/day at 1 %", giveLimit: gcra.New(1, 24*time.Hour, 1), giveShare: 10_000, giveBurst: 1,
+			want: gcra.FromInterval(8_640_000_000_000, 1)},
+		{name: "a month's budget at 0.1 %", giveLimit: gcra.New(10_000, 30*24*time.Hour, 10_000), giveShare: 1_000, giveBurst: 10,
+			want: gcra.FromInterval(259_200_000_000, 10)},
+		{name: "12/year at 0.1 %: T_r of 83 years, beyond MaxWindow", giveLimit: gcra.New(12, 365*24*time.Hour, 12), giveShare: 1_000, giveBurst: 1,
+			want: gcra.Limit{}},
+		{name: "12/year at MinShare", giveLimit: gcra.New(12, 365*24*time.Hour, 12), giveShare: rebalance.MinShare(gcra.New(12, 365*24*time.Hour, 12)), giveBurst: 1,
+			want: gcra.FromInterval(2_250_000_000_000_000, 1)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

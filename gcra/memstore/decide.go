@@ -195,7 +195,7 @@ func checkReserve(sch *gcra.Schedule, cost, maxWait int64) error {
 
 // decide runs gcra.Decide on e and writes what it says to. sh.mu is held.
 func (sh *shard) decide(e *entry, now int64, sch *gcra.Schedule, cost int64) (gcra.Result, error) {
-	st, write, r, err := gcra.Decide(e.st, now, sch, cost)
+	st, write, r, err := gcra.Decide(e.state(), now, sch, cost)
 	if err != nil {
 		return gcra.Result{}, wrap(err)
 	}
@@ -207,7 +207,7 @@ func (sh *shard) decide(e *entry, now int64, sch *gcra.Schedule, cost int64) (gc
 
 // reserve runs gcra.Reserve on e and writes what it says to. sh.mu is held.
 func (sh *shard) reserve(e *entry, now int64, sch *gcra.Schedule, cost, maxWait int64) (gcra.Result, error) {
-	st, write, r, err := gcra.Reserve(e.st, now, sch, cost, maxWait)
+	st, write, r, err := gcra.Reserve(e.state(), now, sch, cost, maxWait)
 	if err != nil {
 		return gcra.Result{}, wrap(err)
 	}
@@ -331,7 +331,7 @@ func (s *Store) decideLocked(c *composite, now int64, useClock bool, hs []Handle
 		// sweep it away.
 		e.pinned = true
 		c.ents[i] = e
-		c.states[i] = e.st
+		c.states[i] = e.state()
 	}
 	r, write, err := gcra.DecideAll(now, checks, c.states, c.next, out)
 	if err != nil {

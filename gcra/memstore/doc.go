@@ -3,9 +3,12 @@
 //
 // # Model
 //
-// The store keeps one gcra.State per key and decides every request with
-// gcra.Decide, gcra.Reserve or gcra.DecideAll; it holds no GCRA arithmetic of
-// its own. It writes the state those functions return only when they say to,
+// The store keeps each key's state as the same bytes Redis keeps for it —
+// its gcra.Value (the exact TAT and epoch tag), with Rested beside it as
+// Redis keeps the key's expiry — and decides every request with
+// gcra.Decide, gcra.Reserve or gcra.DecideAll on the state decoded from
+// them; it holds no GCRA arithmetic of its own. So the simulator, which
+// decides through this store, runs the representation production stores. It writes the state those functions return only when they say to,
 // so a denial, a peek (cost 0) or bad input never changes a key. Bad input —
 // a negative cost or maxWait, an invalid schedule, an invalid key or handle —
 // is an error; a denial is a gcra.Result.

@@ -177,7 +177,7 @@ func TestHandleRevival(t *testing.T) {
 	if r, err := s.DecideAt(h, 150, &sch, 1); err != nil || !r.Allowed {
 		t.Fatal(r, err)
 	}
-	if st, _ := s.Get(gcra.Key{Name: "k"}); st.TAT != 250 || h2.e.st.TAT != 250 {
+	if st, _ := s.Get(gcra.Key{Name: "k"}); st.TAT != 250 || h2.e.state().TAT != 250 {
 		t.Fatalf("write went to %+v", st)
 	}
 	// Evicted again with no other entry: the handle revives its own.

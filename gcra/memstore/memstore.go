@@ -155,10 +155,10 @@ func (s *Store) Get(k gcra.Key) (gcra.State, bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[k]
-	if !ok || !e.st.Exists {
+	if !ok || !e.has {
 		return gcra.State{}, false
 	}
-	return e.st, true
+	return e.state(), true
 }
 
 // Len returns the number of keys the store holds, including interned keys

@@ -1,6 +1,7 @@
 package memstore
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -13,7 +14,13 @@ import (
 type entry struct {
 	key gcra.Key
 	sh  *shard
-	st  gcra.State
+	// val is the key's state as every store keeps it — gcra.Value, the
+	// bytes Redis holds for the key — and rested its expiry (gcra.State's
+	// Rested, which Redis keeps as the key's PX); has is false while the
+	// key holds no state.
+	val    gcra.Value
+	rested int64
+	has    bool
 	// dead marks an entry evicted from sh.m; handles to it re-find or
 	// revive their key.
 	dead bool
@@ -51,9 +58,25 @@ func (sh *shard) observe(now int64) {
 	}
 }
 
+// state is the key's stored state, decoded from its Value as a Redis key's
+// would be, with Rested from its expiry.
+func (e *entry) state() gcra.State {
+	if !e.has {
+		return gcra.State{}
+	}
+	st, err := gcra.DecodeValue(e.val[:])
+	if err != nil {
+		// Unreachable: put stores only what EncodeValue made of a state gcra
+		// wrote (its TAT is within MaxWindow of a now below MaxTime).
+		panic(fmt.Sprintf("memstore: stored value %x: %v", e.val, err))
+	}
+	st.Rested = e.rested
+	return st
+}
+
 // put stores a state gcra said to write.
 func (sh *shard) put(e *entry, st gcra.State) {
-	e.st = st
+	e.val, e.rested, e.has = gcra.EncodeValue(st), st.Rested, true
 	if st.Rested < sh.restBound {
 		sh.restBound = st.Rested
 	}
@@ -86,7 +109,7 @@ func (sh *shard) live(e *entry) (*entry, error) {
 		return nil, err
 	}
 	e.dead = false
-	e.st = gcra.State{}
+	e.has = false
 	sh.m[e.key] = e
 	sh.restBound = math.MinInt64
 	return e, nil
@@ -116,17 +139,17 @@ func (sh *shard) sweep(now int64) int {
 		for k, e := range sh.m {
 			switch {
 			case e.pinned:
-				if !e.st.Exists {
+				if !e.has {
 					bound = math.MinInt64
 				} else {
-					bound = min(bound, e.st.Rested)
+					bound = min(bound, e.rested)
 				}
-			case !e.st.Exists || e.st.Rested <= now:
+			case !e.has || e.rested <= now:
 				delete(sh.m, k)
 				e.dead = true
 				removed++
 			default:
-				bound = min(bound, e.st.Rested)
+				bound = min(bound, e.rested)
 			}
 		}
 		sh.restBound = bound

@@ -49,7 +49,8 @@ func TestBadInput(t *testing.T) {
 	if keySlot(s.RedisKey(gcra.Key{Tag: tagA, Name: "x"})) == keySlot(s.RedisKey(gcra.Key{Tag: tagB, Name: "x"})) {
 		t.Fatalf("test setup: tags %q and %q share a slot", tagA, tagB)
 	}
-	wide := gcra.Steady(gcra.FromInterval(int64(time.Hour/time.Microsecond), 30)) // 30 h window
+	hour := int64(time.Hour / time.Microsecond)
+	wide := gcra.Steady(gcra.FromInterval(hour, (gcra.MaxWindowMicros-6*hour)/hour)) // MaxWindow less 6 h or so
 	tests := []struct {
 		name    string
 		call    func() error

@@ -91,6 +91,9 @@ func (s *Store) run(ctx context.Context, kind opKind, checks []gcra.Check, maxWa
 	o := opPool.Get().(*op)
 	o.kind, o.maxWait, o.err = kind, maxWait, nil
 	o.checks = append(o.checks[:0], checks...)
+	if s.cfg.WriteFormat == FormatPacked {
+		packedLimits(o.checks)
+	}
 	o.keys = o.keys[:0]
 	if cap(o.res) < len(checks) {
 		o.res = make([]gcra.Result, len(checks))
@@ -275,8 +278,8 @@ func (s *Store) regroup(l *lane, want int) {
 
 // opWord packs what the script needs of one check into one integer below
 // 2^53 (see gcra.lua): (index·4 + kind)·2^40 + cost. A cost above 2^39
-// exceeds every Burst (Burst·T ≤ MaxWindow < 2^37 µs), so capping it keeps
-// the decision (too large) and the packing exact.
+// exceeds every Burst (gcra.MaxBurst), so capping it keeps the decision
+// (too large) and the packing exact.
 func opWord(kind opKind, index int, cost int64) int64 {
 	return (int64(index)*4+int64(kind))<<40 + min(cost, 1<<39)
 }
@@ -289,7 +292,7 @@ type scratch struct {
 	idx    []int
 	keys   []string
 	batch  []byte
-	args   [2]any
+	args   [3]any
 	vals   []int64
 }
 
@@ -304,7 +307,7 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 		// Drop references into the ops and the reply before pooling.
 		clear(sc.scheds)
 		clear(sc.keys)
-		sc.args = [2]any{}
+		sc.args = [3]any{}
 		scratchPool.Put(sc)
 	}()
 	nvals := 0
@@ -354,8 +357,8 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 	sc.batch = b
 	// go-redis writes the arguments out before Run returns, so the batch
 	// buffer can be reused by the next call.
-	sc.args[0], sc.args[1] = s.testNow, b
-	reply, err := script.Run(ctx, s.c, keys, sc.args[:]...).Result()
+	sc.args[0], sc.args[1], sc.args[2] = s.testNow, b, s.format
+	reply, err := s.script.Run(ctx, s.c, keys, sc.args[:]...).Result()
 	var vals []int64
 	if err == nil {
 		if vals, err = replyInts(reply, nvals, sc.vals[:0]); err == nil {

@@ -95,11 +95,15 @@ func TestBatchExactCounts(t *testing.T) {
 		} else {
 			over++
 		}
-		v, err := c.Get(ctx, s.RedisKey(key(i))).Int64()
+		v, err := c.Get(ctx, s.RedisKey(key(i))).Bytes()
 		if err != nil {
 			t.Fatalf("key %d: %v", i, err)
 		}
-		if got := gcra.Unpack(v, now).TAT - now; got != int64(cn.ok)*T {
+		st, err := gcra.DecodeValue(v)
+		if err != nil {
+			t.Fatalf("key %d: %v", i, err)
+		}
+		if got := st.TAT - now; got != int64(cn.ok)*T {
 			t.Errorf("key %d: stored TAT now+%dµs, want %d admitted × T = %dµs", i, got, cn.ok, int64(cn.ok)*T)
 		}
 	}

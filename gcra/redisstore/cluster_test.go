@@ -324,14 +324,18 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("%d errors, first: %v", len(errs), errs[0])
 		}
 		tatOffset := func(k gcra.Key) int64 {
-			v, err := cc.Get(ctx, s.RedisKey(k)).Int64()
+			v, err := cc.Get(ctx, s.RedisKey(k)).Bytes()
 			if err == redis.Nil {
 				return 0
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			return gcra.Unpack(v, now).TAT - now
+			st, err := gcra.DecodeValue(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st.TAT - now
 		}
 		for i, c := range per {
 			tag := "t" + strconv.Itoa(i)

@@ -9,17 +9,20 @@
 // two to identical results and written state. The script takes the time
 // from the server's TIME, so every agent of a region shares one clock, and
 // it is run by EVALSHA (go-redis re-sends it with EVAL on NOSCRIPT). Every
-// number it computes or stores is an integer below 2^53, and no number is
-// ever formatted by Lua's tostring (which would use exponent notation).
+// number it computes or stores is an integer below 2^53 (the products of
+// a conversion are split into 26-bit limbs), and no number is ever
+// formatted by Lua's tostring (which would use exponent notation).
 //
 // A script call carries its batch compactly: KEYS are the batch's keys in
 // order, ARGV[1] is empty (tests pass an explicit now in µs), and ARGV[2] is
 // one string of big-endian signed 64-bit integers (8 bytes each, written
 // with encoding/binary and read by the script with struct.unpack '>i8'): the
 // number of ops, the distinct schedules, then one word per decision (see
-// gcra.lua for the layout). The reply is one string in the same encoding
-// (struct.pack '>i8'): four integers per check, five for a reservation. So
-// go-redis boxes two arguments per call instead of one per number, and the
+// gcra.lua for the layout); ARGV[3] names the write format (empty for the
+// Value, "1" for the packed integer; see below). The reply is one string in
+// the same encoding (struct.pack '>i8'): four integers per check, five for
+// a reservation. So go-redis boxes three arguments per call instead of one
+// per number, and the
 // reply is one string instead of an array of boxed integers. A batch that
 // is not whole 8-byte integers is refused by the script before it reads or
 // writes anything; a reply of the wrong type or length, or with a value
@@ -31,15 +34,33 @@
 // A key is Prefix + "{" + base64url(Tag) + "}" + Name (see Store.RedisKey):
 // the Cluster hash tag is an injective, brace-free encoding of the caller's
 // tag, so no tenant id can move a key to another slot or make two keys
-// collide. Its value is one integer, gcra.Pack's (TAT mod 2^37)·2^16 + epoch
-// tag, which Redis stores in the object header (encoding int), and it
-// expires (PX) at gcra.State.Rested; the TAT is read back relative to
-// gcra.ReadRef. A key therefore costs what a bare
-// `SET key <int> PX ttl` costs: measured equal, 154 B per 38-byte key on
-// Redis 7.0 (TestMemoryPerKey). A composite decision needs all its keys in
-// one slot (one non-empty Tag) on every kind of client, and fails with
-// ErrCrossSlot otherwise. A key that holds anything the script did not write
-// fails its own decision with ErrMalformedState and is left alone.
+// collide. Its value is the key's gcra.Value — 12 bytes: the exact TAT and
+// the 40-bit epoch tag — which Redis keeps in the key's object (encoding
+// embstr), and it expires (PX) at gcra.State.Rested. The value reads back
+// exactly under any later schedule. A key costs 16 bytes more than a bare
+// `SET key <int> PX ttl` of the same key: 170 B against 154 B per 38-byte
+// key on Redis 7.0 (TestMemoryPerKey). A composite decision needs all its
+// keys in one slot (one non-empty Tag) on every kind of client, and fails
+// with ErrCrossSlot otherwise. A key that holds anything the script did not
+// write fails its own decision with ErrMalformedState and is left alone.
+//
+// # Upgrading from the packed format
+//
+// Releases before the Value stored one integer, gcra.PackV1's
+// (TAT mod 2^37)·2^16 + (tag mod 2^16), and read it back relative to a
+// guess of where the TAT lay, which failed for a state that outlived the
+// schedule that wrote it (a daily key was blocked for 13 hours). The script
+// still reads that integer, below the key's expiry (gcra.UnpackV1): the
+// expiry is the key's Rested, never before its TAT, so the TAT comes back
+// exactly. Agents of those releases cannot read a Value: they fail the
+// decision as malformed state and their limit's failure mode decides. So a
+// rolling upgrade runs in two steps: first every agent moves to this release
+// with Config.WriteFormat = FormatPacked (agent config redis.write_format:
+// packed), which writes the old integer and keeps the old releases' 36 h
+// bound on windows (a longer window decides as the zero limit, as it did
+// there); then, once no older agent is left, WriteFormat goes back to
+// FormatValue. TestRollingUpgrade runs the older release's script beside
+// this one on one server and finds no over-admission in either step.
 //
 // # Batching
 //

@@ -1,10 +1,12 @@
 -- Meridian GCRA, batched. Mirrors gcra.Decide / gcra.Reserve / gcra.DecideAll
 -- (Go is the reference; conformance tests hold the two together).
 --
--- Every number here is an integer below 2^53, so Lua doubles are exact.
--- Numbers reach Redis through redis.call, which formats them with %.17g:
--- integers below 2^53 never come out in exponent notation. Never use
--- tostring() or '..' on a number (they use %.14g).
+-- Every number here is an integer below 2^53, so Lua doubles are exact:
+-- instants are below gcra.MaxTAT (2^52 + 2^51), windows at most 2^51, and
+-- the conversions' products are split into 26-bit limbs (muldiv). Numbers
+-- reach Redis through redis.call, which formats them with %.17g: integers
+-- below 2^53 never come out in exponent notation. Never use tostring() or
+-- '..' on a number (they use %.14g).
 --
 -- ARGV[1]  now in µs for tests, or '' to use the server's TIME
 -- ARGV[2]  the batch: a sequence of big-endian signed 64-bit integers
@@ -12,13 +14,17 @@
 --   number of ops, number of distinct schedules L, then L schedules:
 --     cur T, cur Burst, cur tag, cur effective, hasPrev (0|1),
 --     and if hasPrev: prev T, prev Burst, prev tag, prev effective
---   then per op one word w = (index·4 + kind)·2^40 + cost, where kind is
+--   (tags are gcra.EpochTag's 40 bits), then per op one word
+--   w = (index·4 + kind)·2^40 + cost, where kind is
 --   1 decide and 2 reserve (one check: the schedule index, 1-based, and the
 --   cost, capped at 2^39 — any cost above Burst is too large anyway), each
 --   with one KEY; a reservation's word is followed by maxWait (µs);
 --   3 composite: cost holds the number of checks k, and k words follow,
 --   one per check (kind 0), each with one KEY, in order.
 --   (a zero limit is T = 0, Burst = 0)
+-- ARGV[3]  the format to write: '' the exact Value (gcra.EncodeValue: 7
+--   bytes of TAT and 5 of tag, big-endian), '1' the packed integer of older
+--   releases (gcra.PackV1), for a rolling upgrade. Both are always read.
 -- Reply: one bulk string of big-endian signed 64-bit integers (struct.pack
 -- '>i8'), per check: code + 8·version, remaining, retry-after µs (-1 =
 -- never), reset-after µs, and for a reservation also wait µs.
@@ -30,11 +36,16 @@
 -- is read or written; one that ends early fails in struct.unpack ("data
 -- string too short").
 
-local TATMOD  = 137438953472     -- 2^37: stored TAT modulus
-local TAGMOD  = 65536            -- 2^16: epoch tag modulus
-local BEHIND  = 4294967296       -- 2^32: how far behind now a TAT may be read
-local CONVCAP = 549755813888     -- 2^39: cap on conversions
-local CHUNK   = 8192             -- 2^13
+local MAXTAT  = 6755399441055743 -- gcra.MaxTAT: 2^52 + 2^51 - 1
+local TAGMOD  = 1099511627776    -- 2^40: epoch tag modulus
+local HALFTAG = 549755813888     -- 2^39
+local L26     = 67108864         -- 2^26: limb of muldiv
+local P52     = 4503599627370496 -- 2^52
+-- The packed format of older releases (gcra.PackV1).
+local V1TAT   = 137438953472     -- 2^37: its TAT modulus
+local V1TAG   = 65536            -- 2^16: its tag modulus
+local V1BEHIND = 4294967296      -- 2^32: gcra.V1ReadBehind
+local V1SLACK = 60000000         -- gcra.V1ExpirySlack, µs
 
 local floor = math.floor
 
@@ -52,6 +63,8 @@ local function int()
 end
 
 local now
+local V1 = ARGV[3] == '1'
+
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
 else
@@ -59,28 +72,31 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- floor(x*y/z) and the remainder, for 0 <= x <= 2^39, 0 < y, z <= 2^37,
--- by long division over 13-bit chunks of y: every intermediate stays
--- below 2^53. Results at or above CONVCAP return CONVCAP, 0.
-local function divstep(q, r, x, c, z)
-  local v = r * CHUNK + x * c
-  local qi = floor(v / z)
-  local ri = v - qi * z
-  if ri < 0 then qi = qi - 1; ri = ri + z elseif ri >= z then qi = qi + 1; ri = ri - z end
-  return q * CHUNK + qi, ri
-end
+-- muldiv is gcra.mulDiv: floor(x*y/z) and whether a remainder is left, the
+-- quotient saturating at MAXTAT, for 0 <= x <= MAXTAT and 0 < y, z <= 2^51.
+-- A double estimate of the quotient (off by at most 3) is corrected with
+-- the exact remainder x*y - q*z, computed in 26-bit limbs: every partial
+-- product and sum is an integer below 2^53, and so is the remainder.
 local function muldiv(x, y, z)
-  local c2 = floor(y / 67108864)
-  local rest = y - c2 * 67108864
-  local c1 = floor(rest / CHUNK)
-  local c0 = rest - c1 * CHUNK
-  local q, r = divstep(0, 0, x, c2, z)
-  if q >= CONVCAP then return CONVCAP, 0 end
-  q, r = divstep(q, r, x, c1, z)
-  if q >= CONVCAP then return CONVCAP, 0 end
-  q, r = divstep(q, r, x, c0, z)
-  if q >= CONVCAP then return CONVCAP, 0 end
-  return q, r
+  local q = floor(x * y / z)
+  if q >= MAXTAT + 8 then return MAXTAT, false end
+  local x1 = floor(x / L26); local x0 = x - x1 * L26
+  local y1 = floor(y / L26); local y0 = y - y1 * L26
+  local q1 = floor(q / L26); local q0 = q - q1 * L26
+  local z1 = floor(z / L26); local z0 = z - z1 * L26
+  local c = x0 * y0 - q0 * z0
+  local ch = floor(c / L26); c = c - ch * L26
+  local b1 = x1 * y0 - q1 * z0
+  local b1h = floor(b1 / L26); b1 = b1 - b1h * L26
+  local b2 = x0 * y1 - q0 * z1
+  local b2h = floor(b2 / L26); b2 = b2 - b2h * L26
+  local m = b1 + b2 + ch
+  local mh = floor(m / L26); m = m - mh * L26
+  local d = (x1 * y1 - q1 * z1 + b1h + b2h + mh) * P52 + (m * L26 + c)
+  while d < 0 do q = q - 1; d = d + z end
+  while d >= z do q = q + 1; d = d - z end
+  if q >= MAXTAT then return MAXTAT, false end
+  return q, d > 0
 end
 
 -- gcra.convert: the TAT under limit a keeping the tokens held at ta under p.
@@ -97,18 +113,18 @@ local function convert(tat, pT, pB, aT, aB, ta)
     return ta + full - c
   end
   local x = -credit
-  if x > CONVCAP then x = CONVCAP end
-  local q, r = muldiv(x, aT, pT)
-  if r > 0 then q = q + 1 end
-  if q > CONVCAP then q = CONVCAP end
+  if x > MAXTAT then x = MAXTAT end
+  local q, rem = muldiv(x, aT, pT)
+  if rem and q < MAXTAT then q = q + 1 end
   -- Booked slots keep their times: the debt is never shorter than it was.
   if q < x then q = x end
+  if q >= MAXTAT - ta - full then return MAXTAT end
   return ta + full + q
 end
 
 local function newer(a, b)
   local d = (a - b) % TAGMOD
-  return d ~= 0 and d < 32768
+  return d ~= 0 and d < HALFTAG
 end
 
 local function emptyat(T, B, t)
@@ -159,26 +175,44 @@ for i = 0, int() - 1 do
   end
 end
 
--- readstate reads and unpacks a key's state: ok, exists, tat, tag. A key of
--- another type (pcall: WRONGTYPE fails this op alone, not the batch) or a
--- value the script did not write is not ok.
--- The TAT is read relative to gcra.ReadRef: the current limit's effective
--- time for a state written under the previous limit of a change already in
--- effect (it may outlive its TAT by far), now otherwise.
-local function readstate(key, hasP, pTag, cEff)
+-- readstate reads a key's state: ok, exists, tat, tag. A key of another
+-- type (pcall: WRONGTYPE fails this op alone, not the batch) or a value the
+-- script did not write is not ok.
+--
+-- A Value (12 bytes, the first below 0x20) holds the exact TAT and tag.
+-- A packed integer of an older release (gcra.UnpackV1) holds the TAT
+-- modulo 2^37: it is read as the latest such instant not after the key's
+-- expiry (its Rested, never before its TAT) plus V1SLACK, and its 16-bit
+-- tag is widened to the one nearest the schedule's current tag. A packed
+-- key without an expiry is read as the older release read it (relative to
+-- gcra.ReadRefV1).
+local function readstate(key, cTag, hasP, pTag, cEff)
   local raw = redis.pcall('GET', key)
   if not raw then return true, false, 0, 0 end
-  if type(raw) == 'table' or #raw > 16 or not string.find(raw, '^%d+$') then
+  if type(raw) == 'table' then return false, false, 0, 0 end
+  if #raw == 12 and string.byte(raw, 1) < 32 then
+    local tat, tag = struct.unpack('>I7I5', raw)
+    if tat > MAXTAT then return false, false, 0, 0 end
+    return true, true, tat, tag
+  end
+  if #raw > 16 or not string.find(raw, '^%d+$') then
     return false, false, 0, 0
   end
   local v = tonumber(raw)
   if v >= 9007199254740992 then return false, false, 0, 0 end
-  local tag = v % TAGMOD
-  local low = (v - tag) / TAGMOD
-  local ref = now
-  if hasP and tag == pTag and cEff < now then ref = cEff end
-  local base = ref - BEHIND
-  return true, true, base + (low - base) % TATMOD, tag
+  local t16 = v % V1TAG
+  local low = (v - t16) / V1TAG
+  local upper
+  local pttl = redis.call('PTTL', key)
+  if pttl >= 0 then
+    upper = now + pttl * 1000 + V1SLACK
+  else
+    local ref = now
+    if hasP and t16 == pTag % V1TAG and cEff < now then ref = cEff end
+    upper = ref - V1BEHIND + V1TAT - 1
+  end
+  local tag = (cTag + ((t16 - cTag) % V1TAG + 32768) % V1TAG - 32768) % TAGMOD
+  return true, true, upper - (upper - low) % V1TAT, tag
 end
 
 -- loadcheck reads one check's arguments and state and resolves the version
@@ -198,7 +232,7 @@ local function loadcheck(i, n)
   kpos = kpos + 1
   local b = (i - 1) * 9
   local cT, cB, cTag, cEff = S[b + 1], S[b + 2], S[b + 3], S[b + 4]
-  local ok, exists, tat, stag = readstate(key, S[b + 5], S[b + 8], cEff)
+  local ok, exists, tat, stag = readstate(key, cTag, S[b + 5], S[b + 8], cEff)
   if not ok then return false end
   if not S[b + 5] then
     if not (exists and stag == cTag) then
@@ -245,7 +279,13 @@ local function write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff)
     local conv = convert(nxt, T, B, cT, cB, cEff)
     if conv > rested then rested = conv end
   end
-  redis.call('SET', key, (nxt % TATMOD) * TAGMOD + tag, 'PX', math.ceil((rested - now) / 1000))
+  local val
+  if V1 then
+    val = (nxt % V1TAT) * V1TAG + tag % V1TAG
+  else
+    val = struct.pack('>I7I5', nxt, tag)
+  end
+  redis.call('SET', key, val, 'PX', math.ceil((rested - now) / 1000))
 end
 
 local function emit(a, b, c, d)

@@ -67,6 +67,49 @@ type Config struct {
 	// lane by hash slot, so one key's calls keep their order. Cluster
 	// clients use one lane per slot.
 	Lanes int
+	// WriteFormat is the form state is written in; both forms are always
+	// read. FormatValue (the default) stores the exact gcra.Value.
+	// FormatPacked stores the packed integer of releases before it, so that
+	// their agents, which cannot read a Value, can share the Redis during a
+	// rolling upgrade; while it is set, a limit whose window exceeds
+	// gcra.V1MaxWindow (36 h, the older releases' bound) decides as the zero
+	// limit (deny), and reservations may not wait past it. Switch to
+	// FormatValue once no older agent is left.
+	WriteFormat Format
+}
+
+// Format is the form a Store writes a key's state in.
+type Format uint8
+
+const (
+	// FormatValue is gcra.EncodeValue's 12 bytes: the exact TAT and epoch
+	// tag, read back exactly under any later schedule.
+	FormatValue Format = iota
+	// FormatPacked is gcra.PackV1's integer, the form releases before
+	// FormatValue write and read.
+	FormatPacked
+)
+
+// String returns "value" or "packed".
+func (f Format) String() string {
+	switch f {
+	case FormatValue:
+		return "value"
+	case FormatPacked:
+		return "packed"
+	}
+	return fmt.Sprintf("Format(%d)", uint8(f))
+}
+
+// ParseFormat parses "value" or "packed".
+func ParseFormat(s string) (Format, error) {
+	switch s {
+	case "value":
+		return FormatValue, nil
+	case "packed":
+		return FormatPacked, nil
+	}
+	return 0, fmt.Errorf("redisstore: write format %q: want value or packed", s)
 }
 
 // DefaultConfig returns the defaults.
@@ -101,6 +144,9 @@ func (c Config) Validate() error {
 	if c.Lanes < 1 || c.Lanes > 256 {
 		errs = append(errs, fmt.Errorf("redisstore: Lanes %d: must be in [1, 256]", c.Lanes))
 	}
+	if c.WriteFormat > FormatPacked {
+		errs = append(errs, fmt.Errorf("redisstore: WriteFormat %v: want FormatValue or FormatPacked", c.WriteFormat))
+	}
 	return errors.Join(errs...)
 }
 
@@ -113,7 +159,9 @@ type Store struct {
 	cluster bool
 	sem     chan struct{}
 	lanes   laneSet
+	format  string // ARGV[3]: "" writes a Value, "1" the packed integer
 	testNow string // test only: "now" passed to the script instead of TIME
+	script  *redis.Script
 }
 
 var _ gcra.Store = (*Store)(nil)
@@ -132,7 +180,10 @@ func New(c redis.UniversalClient, cfg Config) (*Store, error) {
 		return nil, errors.New("redisstore: redis.Ring is not supported (use a single node, Sentinel or Cluster client)")
 	}
 	_, cluster := c.(*redis.ClusterClient)
-	s := &Store{c: c, cfg: cfg, cluster: cluster, sem: make(chan struct{}, cfg.MaxInFlight)}
+	s := &Store{c: c, cfg: cfg, cluster: cluster, sem: make(chan struct{}, cfg.MaxInFlight), script: script}
+	if cfg.WriteFormat == FormatPacked {
+		s.format = "1"
+	}
 	s.lanes.init(cluster, cfg.Lanes)
 	return s, nil
 }
@@ -142,10 +193,10 @@ func New(c redis.UniversalClient, cfg Config) (*Store, error) {
 func (s *Store) Load(ctx context.Context) error {
 	if cc, ok := s.c.(*redis.ClusterClient); ok {
 		return cc.ForEachShard(ctx, func(ctx context.Context, sh *redis.Client) error {
-			return script.Load(ctx, sh).Err()
+			return s.script.Load(ctx, sh).Err()
 		})
 	}
-	return script.Load(ctx, s.c).Err()
+	return s.script.Load(ctx, s.c).Err()
 }
 
 // RedisKey returns the Redis key the store uses for k:
@@ -200,6 +251,10 @@ func (s *Store) Reserve(ctx context.Context, k gcra.Key, sch gcra.Schedule, cost
 	if mw > gcra.MaxWindowMicros-w {
 		return gcra.Result{}, gcra.ErrWaitTooLong
 	}
+	if s.cfg.WriteFormat == FormatPacked && mw > gcra.V1MaxWindow-min(w, gcra.V1MaxWindow) {
+		return gcra.Result{}, fmt.Errorf("%w: %s and window %s exceed the packed format's %s (redisstore.FormatPacked)",
+			gcra.ErrWaitTooLong, maxWait, time.Duration(w)*time.Microsecond, time.Duration(gcra.V1MaxWindow)*time.Microsecond)
+	}
 	var out [1]gcra.Result
 	chk := [1]gcra.Check{{Key: k, Schedule: sch, Cost: cost}}
 	if err := s.run(ctx, opReserve, chk[:], mw, out[:]); err != nil {
@@ -246,6 +301,22 @@ func validate(checks []gcra.Check) error {
 		}
 	}
 	return nil
+}
+
+// packedLimits replaces every limit whose window exceeds gcra.V1MaxWindow
+// with the zero limit, as the packed format requires (Config.WriteFormat).
+func packedLimits(checks []gcra.Check) {
+	cut := func(v *gcra.Version) {
+		if v.Limit.Burst()*v.Limit.IntervalMicros() > gcra.V1MaxWindow {
+			v.Limit = gcra.Limit{}
+		}
+	}
+	for i := range checks {
+		cut(&checks[i].Schedule.Current)
+		if checks[i].Schedule.HasPrevious {
+			cut(&checks[i].Schedule.Previous)
+		}
+	}
 }
 
 // appendInt appends v to a batch as the script reads it: 8 bytes,

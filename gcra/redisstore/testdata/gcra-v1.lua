@@ -1,0 +1,321 @@
+-- Meridian GCRA, batched. Mirrors gcra.Decide / gcra.Reserve / gcra.DecideAll
+-- (Go is the reference; conformance tests hold the two together).
+--
+-- Every number here is an integer below 2^53, so Lua doubles are exact.
+-- Numbers reach Redis through redis.call, which formats them with %.17g:
+-- integers below 2^53 never come out in exponent notation. Never use
+-- tostring() or '..' on a number (they use %.14g).
+--
+-- ARGV[1]  now in µs for tests, or '' to use the server's TIME
+-- ARGV[2]  the batch: a sequence of big-endian signed 64-bit integers
+--   (8 bytes each, read with struct.unpack '>i8'):
+--   number of ops, number of distinct schedules L, then L schedules:
+--     cur T, cur Burst, cur tag, cur effective, hasPrev (0|1),
+--     and if hasPrev: prev T, prev Burst, prev tag, prev effective
+--   then per op one word w = (index·4 + kind)·2^40 + cost, where kind is
+--   1 decide and 2 reserve (one check: the schedule index, 1-based, and the
+--   cost, capped at 2^39 — any cost above Burst is too large anyway), each
+--   with one KEY; a reservation's word is followed by maxWait (µs);
+--   3 composite: cost holds the number of checks k, and k words follow,
+--   one per check (kind 0), each with one KEY, in order.
+--   (a zero limit is T = 0, Burst = 0)
+-- Reply: one bulk string of big-endian signed 64-bit integers (struct.pack
+-- '>i8'), per check: code + 8·version, remaining, retry-after µs (-1 =
+-- never), reset-after µs, and for a reservation also wait µs.
+--   code: 0 denied, 1 allowed, 2 too large, 3 this check's stored state is
+--   malformed, 4 not decided because another check of the composite is
+--   malformed (with 3 or 4 the op decides and writes nothing).
+--   version: 0 the current limit decided, 1 the previous one.
+-- A batch whose length is not a multiple of 8 is refused before anything
+-- is read or written; one that ends early fails in struct.unpack ("data
+-- string too short").
+
+local TATMOD  = 137438953472     -- 2^37: stored TAT modulus
+local TAGMOD  = 65536            -- 2^16: epoch tag modulus
+local BEHIND  = 4294967296       -- 2^32: how far behind now a TAT may be read
+local CONVCAP = 549755813888     -- 2^39: cap on conversions
+local CHUNK   = 8192             -- 2^13
+
+local floor = math.floor
+
+local P = ARGV[2]
+if type(P) ~= 'string' or #P % 8 ~= 0 then
+  return redis.error_reply('meridian gcra: ARGV[2] must be whole 8-byte integers')
+end
+local off = 1      -- next byte of P
+
+-- int reads the next integer of the batch.
+local function int()
+  local v
+  v, off = struct.unpack('>i8', P, off)
+  return v
+end
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- floor(x*y/z) and the remainder, for 0 <= x <= 2^39, 0 < y, z <= 2^37,
+-- by long division over 13-bit chunks of y: every intermediate stays
+-- below 2^53. Results at or above CONVCAP return CONVCAP, 0.
+local function divstep(q, r, x, c, z)
+  local v = r * CHUNK + x * c
+  local qi = floor(v / z)
+  local ri = v - qi * z
+  if ri < 0 then qi = qi - 1; ri = ri + z elseif ri >= z then qi = qi + 1; ri = ri - z end
+  return q * CHUNK + qi, ri
+end
+local function muldiv(x, y, z)
+  local c2 = floor(y / 67108864)
+  local rest = y - c2 * 67108864
+  local c1 = floor(rest / CHUNK)
+  local c0 = rest - c1 * CHUNK
+  local q, r = divstep(0, 0, x, c2, z)
+  if q >= CONVCAP then return CONVCAP, 0 end
+  q, r = divstep(q, r, x, c1, z)
+  if q >= CONVCAP then return CONVCAP, 0 end
+  q, r = divstep(q, r, x, c0, z)
+  if q >= CONVCAP then return CONVCAP, 0 end
+  return q, r
+end
+
+-- gcra.convert: the TAT under limit a keeping the tokens held at ta under p.
+local function convert(tat, pT, pB, aT, aB, ta)
+  if aT == 0 then return tat end
+  local full = aB * aT
+  if pT == 0 then return ta + full end
+  local d = tat - ta
+  if d < 0 then d = 0 end
+  local credit = pB * pT - d
+  if credit >= 0 then
+    local c = muldiv(credit, aT, pT)
+    if c >= full then return ta end
+    return ta + full - c
+  end
+  local x = -credit
+  if x > CONVCAP then x = CONVCAP end
+  local q, r = muldiv(x, aT, pT)
+  if r > 0 then q = q + 1 end
+  if q > CONVCAP then q = CONVCAP end
+  -- Booked slots keep their times: the debt is never shorter than it was.
+  if q < x then q = x end
+  return ta + full + q
+end
+
+local function newer(a, b)
+  local d = (a - b) % TAGMOD
+  return d ~= 0 and d < 32768
+end
+
+local function emptyat(T, B, t)
+  if T == 0 then return t end
+  return t + B * T
+end
+
+-- gcra.tatUnder: the TAT the stored state stands for under version a.
+local function tatunder(exists, tat, tag, aT, aB, aTag, aEff, hasP, pT, pB, pTag, pEff)
+  if exists then
+    if tag == aTag then return tat end
+    if hasP and tag == pTag then return convert(tat, pT, pB, aT, aB, aEff) end
+    if newer(tag, aTag) then return tat end
+    -- Older than the previous change: empty at that change, or its own
+    -- TAT if later (slots it booked keep their times).
+    if not hasP then return math.max(emptyat(aT, aB, aEff), tat) end
+    return convert(math.max(emptyat(pT, pB, pEff), tat), pT, pB, aT, aB, aEff)
+  end
+  if not hasP then return now end
+  return convert(aEff, pT, pB, aT, aB, aEff)
+end
+
+local function remaining(T, B, tat)
+  local slack = B * T - (tat - now)
+  if slack <= 0 then return 0 end
+  local r = floor(slack / T)
+  if r > B then r = B end
+  return r
+end
+
+local kpos = 1     -- next KEY
+local out = {}
+local no = 0       -- values in out
+
+local nops = int()
+
+-- The batch's distinct schedules, parsed once into one flat table, nine
+-- fields each: cur T, B, tag, effective, hasPrev, prev T, B, tag, effective.
+local S = {}
+for i = 0, int() - 1 do
+  local b = i * 9
+  local hasP
+  S[b + 1], S[b + 2], S[b + 3], S[b + 4], hasP, off = struct.unpack('>i8i8i8i8i8', P, off)
+  hasP = hasP == 1
+  S[b + 5] = hasP
+  if hasP then
+    S[b + 6], S[b + 7], S[b + 8], S[b + 9], off = struct.unpack('>i8i8i8i8', P, off)
+  end
+end
+
+-- readstate reads and unpacks a key's state: ok, exists, tat, tag. A key of
+-- another type (pcall: WRONGTYPE fails this op alone, not the batch) or a
+-- value the script did not write is not ok.
+-- The TAT is read relative to gcra.ReadRef: the current limit's effective
+-- time for a state written under the previous limit of a change already in
+-- effect (it may outlive its TAT by far), now otherwise.
+local function readstate(key, hasP, pTag, cEff)
+  local raw = redis.pcall('GET', key)
+  if not raw then return true, false, 0, 0 end
+  if type(raw) == 'table' or #raw > 16 or not string.find(raw, '^%d+$') then
+    return false, false, 0, 0
+  end
+  local v = tonumber(raw)
+  if v >= 9007199254740992 then return false, false, 0, 0 end
+  local tag = v % TAGMOD
+  local low = (v - tag) / TAGMOD
+  local ref = now
+  if hasP and tag == pTag and cEff < now then ref = cEff end
+  local base = ref - BEHIND
+  return true, true, base + (low - base) % TATMOD, tag
+end
+
+-- loadcheck reads one check's arguments and state and resolves the version
+-- in force: ok, key, n, T, B, tag, ver, tat, exists, stored tag, and the
+-- current limit (for a change still pending).
+local W = 1099511627776 -- 2^40
+
+-- word splits an op word into kind, schedule index and cost.
+local function word(w)
+  local hi = floor(w / W)
+  local kind = hi % 4
+  return kind, (hi - kind) / 4, w - hi * W
+end
+
+local function loadcheck(i, n)
+  local key = KEYS[kpos]
+  kpos = kpos + 1
+  local b = (i - 1) * 9
+  local cT, cB, cTag, cEff = S[b + 1], S[b + 2], S[b + 3], S[b + 4]
+  local ok, exists, tat, stag = readstate(key, S[b + 5], S[b + 8], cEff)
+  if not ok then return false end
+  if not S[b + 5] then
+    if not (exists and stag == cTag) then
+      tat = tatunder(exists, tat, stag, cT, cB, cTag, cEff, false, 0, 0, 0, 0)
+    end
+    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff
+  end
+  local pT, pB, pTag, pEff = S[b + 6], S[b + 7], S[b + 8], S[b + 9]
+  if now >= cEff then
+    tat = tatunder(exists, tat, stag, cT, cB, cTag, cEff, true, pT, pB, pTag, pEff)
+    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff
+  end
+  tat = tatunder(exists, tat, stag, pT, pB, pTag, pEff, false, 0, 0, 0, 0)
+  return true, key, n, pT, pB, pTag, 1, tat, exists, stag, cT, cB, cEff
+end
+
+-- step is GCRA on one resolved check; maxWait < 0 means a plain decision.
+-- Returns code, remaining, retry, reset, wait, and the TAT to write (or
+-- false).
+local function step(T, B, tat, n, maxWait)
+  local base = tat
+  if base < now then base = now end
+  if T == 0 then return 2, 0, -1, 0, 0, false end
+  if n > B then return 2, remaining(T, B, base), -1, base - now, 0, false end
+  local nxt = base + n * T
+  local early = nxt - B * T - now
+  if maxWait >= 0 then
+    if early < 0 then early = 0 end
+    if early > maxWait then return 0, remaining(T, B, base), early, base - now, 0, false end
+  elseif early > 0 then
+    return 0, remaining(T, B, base), early, base - now, 0, false
+  end
+  if n == 0 then return 1, remaining(T, B, nxt), 0, nxt - now, early > 0 and early or 0, false end
+  return 1, remaining(T, B, nxt), 0, nxt - now, early > 0 and early or 0, nxt
+end
+
+-- write stores a TAT written under version ver (see gcra.Schedule.written).
+local function write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff)
+  if exists and newer(stag, tag) then tag = stag end
+  -- gcra.State.Rested: a key still refilling when a pending change takes
+  -- over must outlive its converted TAT too.
+  local rested = nxt
+  if ver == 1 and nxt > cEff then
+    local conv = convert(nxt, T, B, cT, cB, cEff)
+    if conv > rested then rested = conv end
+  end
+  redis.call('SET', key, (nxt % TATMOD) * TAGMOD + tag, 'PX', math.ceil((rested - now) / 1000))
+end
+
+local function emit(a, b, c, d)
+  out[no + 1], out[no + 2], out[no + 3], out[no + 4] = a, b, c, d
+  no = no + 4
+end
+
+for _ = 1, nops do
+  local kind, idx, n = word(int())
+  if kind ~= 3 then
+    local maxWait = -1
+    if kind == 2 then
+      maxWait = int()
+    end
+    local ok, key, n, T, B, tag, ver, tat, exists, stag, cT, cB, cEff = loadcheck(idx, n)
+    if not ok then
+      emit(3, 0, 0, 0)
+      if maxWait >= 0 then no = no + 1; out[no] = 0 end
+    else
+      local code, rem, retry, reset, wait, nxt = step(T, B, tat, n, maxWait)
+      if nxt then write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff) end
+      emit(code + 8 * ver, rem, retry, reset)
+      if maxWait >= 0 then no = no + 1; out[no] = wait end
+    end
+  else
+    local k = n
+    local cks, bad = {}, false
+    for i = 1, k do
+      local _, ci, cn = word(int())
+      local c = {loadcheck(ci, cn)}
+      cks[i] = c
+      if not c[1] then bad = true end
+    end
+    if bad then
+      for i = 1, k do
+        if cks[i][1] then emit(4, 0, 0, 0) else emit(3, 0, 0, 0) end
+      end
+    else
+      local all = true
+      local res = {}
+      for i = 1, k do
+        local c = cks[i]
+        local r = {step(c[4], c[5], c[8], c[3], -1)}
+        res[i] = r
+        if r[1] ~= 1 then all = false end
+      end
+      for i = 1, k do
+        local c, r = cks[i], res[i]
+        if all then
+          if r[6] then write(c[2], r[6], c[4], c[5], c[6], c[7], c[9], c[10], c[11], c[12], c[13]) end
+        elseif r[1] == 1 then
+          r = {step(c[4], c[5], c[8], 0, -1)} -- would have admitted: report it untouched
+          r[1] = 0
+        end
+        emit(r[1] + 8 * c[7], r[2], r[3], r[4])
+      end
+    end
+  end
+end
+
+-- Pack the reply, at most 128 integers per struct.pack call (its arguments
+-- go on the C stack).
+local F128 = '>' .. string.rep('i8', 128)
+local parts = {}
+for i = 1, no, 128 do
+  local j, f = i + 127, F128
+  if j > no then
+    j = no
+    f = '>' .. string.rep('i8', j - i + 1)
+  end
+  parts[#parts + 1] = struct.pack(f, unpack(out, i, j))
+end
+return table.concat(parts)

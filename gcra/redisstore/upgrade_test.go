@@ -1,0 +1,200 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/meridian-quota/meridian/gcra"
+)
+
+// legacySource is gcra.lua as the release before the exact Value shipped it
+// (commit 2023668), byte for byte: the script its agents run. Its batch and
+// reply layout are the ones this release sends, with 16-bit epoch tags.
+//
+//go:embed testdata/gcra-v1.lua
+var legacySource string
+
+// legacyStore is an agent of the older release on the same Redis and
+// prefix as s: its script, and schedules its Validate accepted (windows up
+// to 36 h, epochs below 2^16 within 2^15 of each other).
+func legacyStore(t *testing.T, s *Store) *Store {
+	t.Helper()
+	old, err := New(s.c.(redis.UniversalClient), s.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.script = redis.NewScript(legacySource)
+	old.format = ""
+	return old
+}
+
+// TestRollingUpgrade runs agents of the older release (its script, which
+// reads and writes only the packed integer) and of this one on one Redis,
+// deciding the same keys in random turns over a virtual timeline in which
+// the keys' limits change and keys sit idle for hours. Phase 1 is the
+// upgrade: this release writes FormatPacked. In phase 2 the older agents
+// are gone and this release writes FormatValue, reading the packed keys
+// they left. Every admission is held to a meter — the pure core on the
+// exact state of everything admitted so far —: neither release may ever
+// admit what the meter denies. The older release misreads a packed state
+// that outlives its schedule (it denies, and may write a later TAT than the
+// meter's); this release must decide exactly as the pure core does on the
+// bytes actually stored, whoever wrote them. The keys' expiries follow the
+// virtual clock. Finally: an older agent meets a Value as malformed state
+// (and falls back to its failure mode), which is why the packed write
+// format exists; the test checks it, so the upgrade note stays true.
+func TestRollingUpgrade(t *testing.T) {
+	s, c := newFormatStore(t, FormatPacked)
+	old := legacyStore(t, s)
+	ctx := context.Background()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 13))
+	// Limits of every length: this release's regional limits of a day's
+	// or a month's budget may run windows past 36 h, where the older
+	// release's made the zero limit.
+	g := vecGen{r: r, window: gcra.MaxWindowMicros}
+	type key struct {
+		k       gcra.Key
+		sch     gcra.Schedule
+		version uint64
+		meter   gcra.State // everything admitted, decided exactly
+		expiry  int64      // the stored key's expiry on the virtual clock
+	}
+	now := wallMicros()
+	keys := make([]*key, 6)
+	for i := range keys {
+		keys[i] = &key{k: gcra.Key{Tag: "up", Name: strconv.Itoa(i)},
+			sch: gcra.Schedule{Current: gcra.Version{Limit: g.share(), Epoch: 4, Effective: now - 1}}}
+	}
+	steps := 5000
+	if testing.Short() {
+		steps = 600
+	}
+	var oldAdmits, newAdmits, oldUnder, newUnder, overAdmits, packedReads int
+	phase2 := steps / 2
+	for step := range steps {
+		if step == phase2 {
+			s.cfg.WriteFormat, s.format = FormatValue, ""
+		}
+		switch r.IntN(10) {
+		case 0:
+			now += r.Int64N(6 * 3600 * 1_000_000) // idle for hours: past the older release's 71-minute read-behind
+		case 1, 2:
+			now += r.Int64N(600_000_000)
+		default:
+			now += r.Int64N(5_000_000)
+		}
+		kk := keys[r.IntN(len(keys))]
+		if r.IntN(4) == 0 {
+			kk.version++
+			prev := kk.sch.Current
+			if kk.sch.HasPrevious && now < kk.sch.Current.Effective {
+				prev = kk.sch.Previous
+			}
+			kk.sch = gcra.Change(prev, gcra.Version{Limit: g.share(), Epoch: 4*kk.version + 4, Effective: now + r.Int64N(30_000_000)})
+		}
+		name := s.RedisKey(kk.k)
+		if kk.meter.Exists && kk.meter.Rested <= now {
+			kk.meter = gcra.State{} // a store may drop a rested key
+		}
+		if kk.expiry != 0 {
+			if kk.expiry <= now {
+				kk.expiry = 0
+				if err := c.Del(ctx, name).Err(); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := c.PExpire(ctx, name, pxOf(kk.expiry, now)).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sch := kk.sch
+		if step < phase2 {
+			one := []gcra.Check{{Schedule: sch}}
+			packedLimits(one) // the older release's bound, kept by this one while packed
+			sch = one[0].Schedule
+		}
+		cost := r.Int64N(max(sch.Current.Limit.Burst(), 1)/3 + 2)
+		next, write, want, err := gcra.Decide(kk.meter, now, &sch, cost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What is stored, read as the pure core reads it.
+		var stored gcra.State
+		raw, pttl := rawState(t, c, name)
+		switch {
+		case len(raw) == gcra.ValueLen:
+			if stored, err = gcra.DecodeValue(raw); err != nil {
+				t.Fatal(err)
+			}
+		case raw != nil:
+			v, err := strconv.ParseInt(string(raw), 10, 64)
+			if err != nil {
+				t.Fatalf("step %d: stored %q", step, raw)
+			}
+			stored = gcra.UnpackV1(v, now+pttl.Microseconds()+gcra.V1ExpirySlack, &kk.sch)
+			packedReads++
+		}
+		agent, legacy, asked := s, step < phase2 && r.IntN(2) == 0, kk.sch
+		if legacy {
+			agent, asked = old, sch // the older release never made a limit past 36 h
+		}
+		agent.testNow = strconv.FormatInt(now, 10)
+		got, err := agent.Decide(ctx, kk.k, asked, cost)
+		if err != nil {
+			t.Fatalf("step %d (legacy %v): %v", step, legacy, err)
+		}
+		if !legacy {
+			if _, _, exact, _ := gcra.Decide(stored, now, &sch, cost); got != exact {
+				t.Fatalf("step %d key %s at now %d (PTTL %v, expiry %d): this release decided %+v; the pure core on the stored %q (%+v) decides %+v\nschedule %+v", step, kk.k.Name, now, pttl, kk.expiry,
+					got, raw, stored, exact, sch)
+			}
+		}
+		switch {
+		case got.Allowed && cost > 0 && !want.Allowed:
+			overAdmits++
+			t.Errorf("step %d key %s (legacy agent %v): admitted cost %d the meter denies\nschedule %+v\nmeter %+v\ngot  %+v\nwant %+v",
+				step, kk.k.Name, legacy, cost, sch, kk.meter, got, want)
+		case want.Allowed && !got.Allowed && legacy:
+			oldUnder++ // the older release's misread: the key looked blocked
+		case want.Allowed && !got.Allowed:
+			newUnder++ // a later TAT an older agent wrote
+		case got.Allowed && write:
+			kk.meter = next
+			if legacy {
+				oldAdmits++
+			} else {
+				newAdmits++
+			}
+		}
+		if after, pttl := rawState(t, c, name); string(after) != string(raw) {
+			kk.expiry = now + pttl.Microseconds()
+		}
+	}
+	t.Logf("%d admissions by older agents, %d by this release (%d decisions on packed state); %d over-admissions; "+
+		"older agents denied %d requests the meter admits (their misread), this release %d (what they wrote)",
+		oldAdmits, newAdmits, packedReads, overAdmits, oldUnder, newUnder)
+	if oldAdmits < steps/40 || newAdmits < steps/40 || packedReads < steps/30 {
+		t.Errorf("too few admissions or packed reads to trust: %d older, %d this release, %d packed", oldAdmits, newAdmits, packedReads)
+	}
+
+	// Writing Values while an older agent shares the Redis: the older agent
+	// meets malformed state (and its failure mode decides).
+	k := gcra.Key{Tag: "up", Name: "value"}
+	now += 1_000_000
+	s.testNow, old.testNow = strconv.FormatInt(now, 10), strconv.FormatInt(now, 10)
+	steady := gcra.Steady(gcra.PerSecond(10, 5))
+	if _, err := s.Decide(ctx, k, steady, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Decide(ctx, k, steady, 1); !errors.Is(err, ErrMalformedState) {
+		t.Errorf("an older agent deciding a key this release wrote as a Value: %v, want ErrMalformedState (the upgrade note says so)", err)
+	}
+}
