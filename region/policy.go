@@ -464,9 +464,15 @@ func (d *decoder) rateLimit(path string, n *yaml.Node, rf *rateLimitFile) {
 	})
 }
 
+// units are envoyproxy/ratelimit's: a week of 7 days, a month of 30 and a
+// year of 365 (its UnitToDivider).
 var units = map[string]time.Duration{
 	"second": time.Second, "minute": time.Minute, "hour": time.Hour, "day": 24 * time.Hour,
+	"week": 7 * 24 * time.Hour, "month": 30 * 24 * time.Hour, "year": 365 * 24 * time.Hour,
 }
+
+// maxWindowText is gcra.MaxWindow as errors name it.
+const maxWindowText = "2^51µs (about 71 years)"
 
 func parseFailureMode(s string) (FailureMode, bool) {
 	switch s {
@@ -657,7 +663,7 @@ func DefaultBurst(requests int64, period time.Duration) int64 {
 		return 0
 	}
 	t := (int64(period/time.Microsecond) + requests - 1) / requests
-	return max(1, min(requests, gcra.MaxWindowMicros/max(t, 1)))
+	return max(1, min(requests, gcra.MaxBurst, gcra.MaxWindowMicros/max(t, 1)))
 }
 
 func (d *decoder) rule(p *Policy, dom *domain, fm FailureMode, dp string, df *descriptorFile, keys []string) *Rule {
@@ -710,7 +716,7 @@ func (d *decoder) rule(p *Policy, dom *domain, fm FailureMode, dp string, df *de
 	case rf.Unit != "":
 		u, ok := units[strings.ToLower(rf.Unit)]
 		if !ok {
-			d.errf(join(rp, "unit"), nil, "%q: want second, minute, hour or day (or period: a duration)", rf.Unit)
+			d.errf(join(rp, "unit"), nil, "%q: want second, minute, hour, day, week, month or year (or period: a duration)", rf.Unit)
 		}
 		period = u
 	case rf.Period != "":
@@ -719,12 +725,12 @@ func (d *decoder) rule(p *Policy, dom *domain, fm FailureMode, dp string, df *de
 		case err != nil:
 			d.errf(join(rp, "period"), nil, "%q: not a duration (%v)", rf.Period, err)
 		case v < time.Millisecond || v > gcra.MaxWindow:
-			d.errf(join(rp, "period"), nil, "%s: outside [1ms, %s]", v, gcra.MaxWindow)
+			d.errf(join(rp, "period"), nil, "%s: outside [1ms, %s]", v, maxWindowText)
 		default:
 			period = v
 		}
 	default:
-		d.errf(join(rp, "unit"), nil, "missing: give unit (second, minute, hour, day) or period, or unlimited: true")
+		d.errf(join(rp, "unit"), nil, "missing: give unit (second … year) or period, or unlimited: true")
 	}
 	if rf.RequestsPerUnit <= 0 {
 		d.errf(join(rp, "requests_per_unit"), nil, "%d: must be at least 1", rf.RequestsPerUnit)

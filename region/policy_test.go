@@ -534,13 +534,13 @@ domains:
 		},
 
 		// Units, periods, counts.
-		{name: "bad unit", give: policyTestRL("{unit: fortnight, requests_per_unit: 1}"), wantPath: rl + ".unit", wantMsg: `"fortnight": want second, minute, hour or day`},
+		{name: "bad unit", give: policyTestRL("{unit: fortnight, requests_per_unit: 1}"), wantPath: rl + ".unit", wantMsg: `"fortnight": want second, minute, hour, day, week, month or year`},
 		{name: "plural unit", give: policyTestRL("{unit: seconds, requests_per_unit: 1}"), wantPath: rl + ".unit", wantMsg: "want second"},
 		{name: "no unit or period", give: policyTestRL("{requests_per_unit: 1}"), wantPath: rl + ".unit", wantMsg: "missing"},
 		{name: "both unit and period", give: policyTestRL("{unit: second, period: 1s, requests_per_unit: 1}"), wantPath: rl, wantMsg: "both unit and period"},
 		{name: "bad period", give: policyTestRL("{period: 10 seconds, requests_per_unit: 1}"), wantPath: rl + ".period", wantMsg: `"10 seconds": not a duration`},
-		{name: "period below 1ms", give: policyTestRL("{period: 500us, requests_per_unit: 1}"), wantPath: rl + ".period", wantMsg: "500µs: outside [1ms, 36h0m0s]"},
-		{name: "period above MaxWindow", give: policyTestRL("{period: 37h, requests_per_unit: 1}"), wantPath: rl + ".period", wantMsg: "outside [1ms, 36h0m0s]"},
+		{name: "period below 1ms", give: policyTestRL("{period: 500us, requests_per_unit: 1}"), wantPath: rl + ".period", wantMsg: "500µs: outside [1ms, 2^51µs (about 71 years)]"},
+		{name: "period above MaxWindow", give: policyTestRL("{period: 700000h, requests_per_unit: 1}"), wantPath: rl + ".period", wantMsg: "outside [1ms, 2^51µs (about 71 years)]"},
 		{name: "negative period", give: policyTestRL("{period: -1s, requests_per_unit: 1}"), wantPath: rl + ".period", wantMsg: "outside"},
 		{name: "requests_per_unit 0", give: policyTestRL("{unit: second, requests_per_unit: 0}"), wantPath: rl + ".requests_per_unit", wantMsg: "0: must be at least 1"},
 		{name: "requests_per_unit missing", give: policyTestRL("{unit: second}"), wantPath: rl + ".requests_per_unit", wantMsg: "must be at least 1"},
@@ -550,10 +550,10 @@ domains:
 		{name: "unlimited with unit", give: policyTestRL("{unlimited: true, unit: second}"), wantPath: rl, wantMsg: "unlimited with unit"},
 		{name: "unlimited with requests_per_unit", give: policyTestRL("{unlimited: true, requests_per_unit: 5}"), wantPath: rl, wantMsg: "unlimited with unit"},
 		{
-			// 1 per day: T = 86 400 s; burst 2 makes a 48 h window, above
-			// the 36 h gcra.MaxWindow.
-			name: "window above MaxWindow", give: policyTestRL("{unit: day, requests_per_unit: 1, burst: 2}"),
-			wantPath: rl, wantMsg: "exceeds the maximum window 36h0m0s",
+			// 1 per year: T = 365 days; burst 72 makes a 72-year window,
+			// above gcra.MaxWindow (2^51 µs, 71.4 years).
+			name: "window above MaxWindow", give: policyTestRL("{unit: year, requests_per_unit: 1, burst: 72}"),
+			wantPath: rl, wantMsg: "exceeds the maximum window of 2^51 µs",
 		},
 		{
 			// 999 per 1 ms: T rounds up from 1.001 µs to 2 µs, halving the rate.
@@ -816,9 +816,11 @@ func TestPolicyDefaultBurst(t *testing.T) {
 		{name: "10s period", requests: 5, period: 10 * time.Second, want: 5},
 		{name: "one per day: 24h window fits", requests: 1, period: 24 * time.Hour, want: 1},
 		{name: "ten per day", requests: 10, period: 24 * time.Hour, want: 10},
-		// T = ⌈129 600 s / 7⌉ = 18 514.285715 s; 36 h / T = 6.99…: 6.
-		{name: "capped by MaxWindow", requests: 7, period: 36 * time.Hour, want: 6},
-		{name: "one per MaxWindow", requests: 1, period: 36 * time.Hour, want: 1},
+		{name: "a month's budget", requests: 10_000, period: 30 * 24 * time.Hour, want: 10_000},
+		{name: "a year's budget", requests: 7, period: 365 * 24 * time.Hour, want: 7},
+		// T = ⌈2^51·1.1 µs / 7⌉; 2^51 µs / T = 6.36…: 6.
+		{name: "capped by MaxWindow", requests: 7, period: gcra.MaxWindow + gcra.MaxWindow/10, want: 6},
+		{name: "capped by MaxBurst", requests: gcra.MaxBurst + 5, period: 365 * 24 * time.Hour, want: gcra.MaxBurst},
 		{name: "T of 1µs", requests: 1_000_000_000, period: time.Second, want: 1_000_000_000},
 		{name: "zero requests", requests: 0, period: time.Second, want: 0},
 		{name: "negative requests", requests: -1, period: time.Second, want: 0},
@@ -848,7 +850,7 @@ domains:
       - key: d                    # [3]
         rate_limit: {unit: day, requests_per_unit: 1, scope: regional, strategy: proportional}
       - key: e                    # [4]
-        rate_limit: {period: 36h, requests_per_unit: 7}
+        rate_limit: {unit: year, requests_per_unit: 7}
       - key: f                    # [5]
         rate_limit: {unlimited: true}
   - domain: plain
@@ -888,9 +890,9 @@ domains:
 			wantMode: FailClosed, wantScope: Regional, wantStrategy: "proportional",
 		},
 		{
-			// No burst: the default, 7, capped to 6 by the 36 h window.
+			// No burst: the default, requests_per_unit; a year's window.
 			path:         "domains[0].descriptors[4]",
-			wantInterval: 18_514_285_715 * time.Microsecond, wantBurst: 6, wantLimit: gcra.New(7, 36*time.Hour, 6),
+			wantInterval: 4_505_142_857_143 * time.Microsecond, wantBurst: 7, wantLimit: gcra.New(7, 365*24*time.Hour, 7),
 			wantMode: FailClosed, wantScope: Global,
 		},
 		{path: "domains[0].descriptors[5]", wantMode: FailClosed, wantScope: Global},
@@ -940,7 +942,7 @@ domains:
 		{"domains[0].descriptors[0]", 600, time.Minute},
 		{"domains[0].descriptors[2]", 5, 10 * time.Second},
 		{"domains[0].descriptors[3]", 1, 24 * time.Hour},
-		{"domains[0].descriptors[4]", 7, 36 * time.Hour},
+		{"domains[0].descriptors[4]", 7, 365 * 24 * time.Hour},
 		{"domains[1].descriptors[0]", 3600, time.Hour},
 	} {
 		if got, want := policyTestRule(t, p, c.path).Limit.Burst(), DefaultBurst(c.requests, c.period); got != want {

@@ -69,11 +69,17 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	scfg.Prefix = cfg.Redis.Prefix
 	scfg.Timeout = time.Duration(cfg.Redis.Timeout)
 	scfg.Lanes = cfg.Redis.Lanes
+	if scfg.WriteFormat, err = redisstore.ParseFormat(cfg.Redis.WriteFormat); err != nil {
+		return err
+	}
 	store, err := redisstore.New(client, scfg)
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if scfg.WriteFormat == redisstore.FormatPacked {
+		log.Warn("redis.write_format is packed: writing the older releases' format for a rolling upgrade; windows above 36 h decide as zero limits until it is value again")
+	}
 	// Load the script before serving, so the first decisions do not spend
 	// their redis.timeout on a dial, NOSCRIPT and the script's compilation.
 	// A Redis that does not answer is not fatal: the limits' failure modes

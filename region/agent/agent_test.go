@@ -265,6 +265,7 @@ func TestConfigErrors(t *testing.T) {
 		{"region not listed", "region: eu\nagent: a\nregions: [us]\npolicy: p.yaml\n", `does not list region "eu"`},
 		{"bad timeout", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {timeout: 0s}\n", "redis.timeout: 0s"},
 		{"bad lanes", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {lanes: 0}\n", "redis.lanes: 0"},
+		{"bad write format", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {write_format: exact}\n", `redis.write_format: "exact": want value or packed`},
 		{"no policy", "region: eu\nagent: a\nregions: [eu]\n", "policy: empty"},
 	}
 	for _, tt := range tests {

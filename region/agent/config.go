@@ -79,6 +79,10 @@ type RedisConfig struct {
 	// Lanes is redisstore.Config.Lanes: how many batched script calls the
 	// agent keeps in flight (keys map to a lane by hash slot).
 	Lanes int `yaml:"lanes"`
+	// WriteFormat is redisstore.Config.WriteFormat: "value" (the exact
+	// state) or "packed" (the integer of releases before it, for the first
+	// step of a rolling upgrade from one; see the README's upgrade notes).
+	WriteFormat string `yaml:"write_format"`
 }
 
 // DefaultConfig returns the defaults LoadConfig fills in.
@@ -105,6 +109,9 @@ func DefaultConfig() Config {
 			// decisions (measured at 64 callers: about a fifth less CPU per
 			// decision in the agent and in Redis, 5 % more decisions/s).
 			Lanes: 1,
+			// The exact state; "packed" only while agents of an older
+			// release share the Redis.
+			WriteFormat: "value",
 		},
 	}
 }
@@ -184,6 +191,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Redis.Lanes < 1 || c.Redis.Lanes > 256 {
 		bad("redis.lanes", "%d: must be in [1, 256]", c.Redis.Lanes)
+	}
+	if f := c.Redis.WriteFormat; f != "value" && f != "packed" {
+		bad("redis.write_format", "%q: want value or packed", f)
 	}
 	if iv := time.Duration(c.Interval); iv < 100*time.Millisecond || iv > 10*time.Minute {
 		bad("interval", "%s: must be in [100ms, 10m]", iv)
