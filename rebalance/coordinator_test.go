@@ -1020,3 +1020,60 @@ func TestIncreaseLandsWhenFenceExceedsInterval(t *testing.T) {
 		t.Errorf("shares in force after 30 s: %v, want a's above 800000 (it offers 90 %%)", got)
 	}
 }
+
+// TestSharesFitMinShare: a region's share of a slow limit is either 0 or at
+// least MinShare (below it the region's T exceeds gcra.MaxWindow and runs
+// the zero limit, its ppm lost). One event per five years has MinShare
+// 70,025 ppm, above the 33,333 ppm floors of three regions: the tables give
+// those regions 0 and the ppm to the region with the demand. (On 2023668
+// no such budget existed: its window exceeded the 36 h MaxWindow.)
+func TestSharesFitMinShare(t *testing.T) {
+	cfg := unitConfig("a", "b", "c")
+	slow := Budget{Key: "k", Limit: gcra.New(1, 5*365*24*time.Hour, 1)}
+	ms := MinShare(slow.Limit)
+	if ms <= 33_333 {
+		t.Fatalf("test setup: MinShare %d does not exceed the floors", ms)
+	}
+	c := started(t, cfg, slow, budget("fast"))
+	for i := int64(1); i <= 6; i++ {
+		now := i * sec
+		observe(t, c, "a", "a1", i-1, now, map[string]int64{"k": 1, "fast": 500})
+		c.Tick(now)
+		settle(t, c, now)
+	}
+	tb := c.Latest()
+	got := sharesOf(tb, "k")
+	for r, s := range got {
+		if s != 0 && s < ms {
+			t.Errorf("region %s holds %d ppm of the slow key, below its MinShare %d", tb.Regions[r], s, ms)
+		}
+	}
+	if got[0] != PPM {
+		t.Errorf("slow key shares %v, want all %d ppm in a (the rest below MinShare)", got, PPM)
+	}
+	if fast := sharesOf(tb, "fast"); fast[1] == 0 || fast[2] == 0 {
+		t.Errorf("fast key shares %v: its floors (MinShare 1) must stay", fast)
+	}
+}
+
+func TestFitMinShare(t *testing.T) {
+	tests := []struct {
+		give []uint32
+		ms   uint32
+		want []uint32
+	}{
+		{[]uint32{33_333, 33_333, 933_334}, 1, []uint32{33_333, 33_333, 933_334}},
+		{[]uint32{33_333, 33_333, 933_334}, 40_000, []uint32{0, 0, PPM}},
+		{[]uint32{33_333, 500_000, 466_667}, 40_000, []uint32{0, 533_333, 466_667}},
+		{[]uint32{333_334, 333_333, 333_333}, 400_000, []uint32{PPM, 0, 0}},
+		{[]uint32{0, 500_000, 500_000}, 400_000, []uint32{0, 500_000, 500_000}},
+		{[]uint32{100, 0, 0}, 400_000, []uint32{100, 0, 0}},
+	}
+	for _, tt := range tests {
+		got := slices.Clone(tt.give)
+		FitMinShare(got, tt.ms)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("FitMinShare(%v, %d) = %v, want %v", tt.give, tt.ms, got, tt.want)
+		}
+	}
+}

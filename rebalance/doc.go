@@ -95,6 +95,16 @@
 // so the shares still sum to PPM. Reference: github.com/youtube/doorman,
 // go/server/doorman/algorithm.go.
 //
+// A share too small for a slow limit is worth nothing: below
+// MinShare(budget) a region's T_r = ceil(T·10⁶/s) exceeds gcra.MaxWindow and
+// its limit is the zero limit. So the coordinator never publishes a
+// non-zero share below it (FitMinShare): such shares — floors included,
+// for a limit slower than one event per 2.4 years over three regions with
+// the default floors — become 0, and their ppm go to the key's largest
+// share: that region's table row is the only one that admits. MinShare is 1 ppm
+// for every limit of at least one event per 37.5 minutes, so this touches
+// only very slow limits.
+//
 // Rounding is exact integer largest remainder, with ties going to the
 // region whose name sorts first. Every sum runs in region-name order, so a
 // strategy's result depends on the regions' names, never on the order they

@@ -100,6 +100,9 @@ func (c *Coordinator) rebalance(now int64) {
 				copy(d, row)
 			}
 		}
+		if !strat.Overcommit() {
+			FitMinShare(d, MinShare(b.Limit))
+		}
 		for r := range n {
 			if d[r] < row[r] {
 				decrease = true

@@ -171,6 +171,40 @@ func MinShare(global gcra.Limit) uint32 {
 	return uint32(max(q, 1))
 }
 
+// FitMinShare makes every share of one key either 0 or at least ms (its
+// MinShare): a smaller share runs the zero limit, so the ppm it holds would
+// be lost. Those ppm go to the largest share (ties to the lower index), or,
+// when every share is below ms, the largest takes them all. Σ shares is
+// unchanged. It allocates nothing.
+func FitMinShare(shares []uint32, ms uint32) {
+	if ms <= 1 || len(shares) == 0 {
+		return
+	}
+	var small uint32
+	top := 0
+	for i, s := range shares {
+		if s > shares[top] {
+			top = i
+		}
+		if s > 0 && s < ms {
+			small += s
+		}
+	}
+	if small == 0 {
+		return
+	}
+	for i, s := range shares {
+		if s > 0 && s < ms && i != top {
+			shares[i] = 0
+		}
+	}
+	if shares[top] < ms {
+		shares[top] = small // top was one of them
+	} else {
+		shares[top] += small
+	}
+}
+
 // SplitBurst divides the global burst among regions in proportion to their
 // shares by largest remainder (Split), so the parts never sum above the
 // global burst, then gives every region with demand and a non-zero share a
