@@ -625,10 +625,13 @@ type Reserver interface {
 var ErrNoReserve = errors.New("region: reservation not possible")
 
 // Reserve books the next slot for req when the wait is at most maxWait
-// (seed 000: the caller waits d.Result.Wait, then proceeds), never past the
-// lease of the table in force: with a table, maxWait is cut to the time left
-// on the lease, so booked future never outlives the share that booked it.
-// A request touching no enforced limit is admitted at once; one touching
+// (seed 000: the caller waits d.Result.Wait, then proceeds). maxWait is cut
+// to Config.MaxReserveWait, the booking horizon, and with a table to the
+// time left on its lease: a booking acts when its wait ends, and one made
+// under a share the coordinator then cuts must have acted before the
+// increase that share pays for takes effect, at least the coordinator's
+// Fence after the decrease is in force (ARCHITECTURE.md invariant 4). A
+// request touching no enforced limit is admitted at once; one touching
 // several is ErrNoReserve. Shadow limits are decided as in Decide. On a
 // store error the failure mode decides as in Decide, without a wait.
 func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait time.Duration, d *Decision) error {
@@ -648,6 +651,7 @@ func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait tim
 	}
 	n.decisions.Add(1)
 	if len(ms) == 1 {
+		maxWait = min(maxWait, n.cfg.MaxReserveWait)
 		if s := n.snap.Load(); s.hasTable {
 			left := time.Duration(max(0, n.leaseExpiry.Load()-now)) * time.Microsecond
 			maxWait = min(maxWait, left)

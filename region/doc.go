@@ -73,6 +73,26 @@
 // table runs at the safe share; a key whose budget in the table differs from
 // the policy (a rollout in progress) runs at min(table share, safe share).
 //
+// # Booked future
+//
+// Node.Reserve books a request's slot when its wait is at most maxWait; the
+// caller acts when the wait ends, so what it books is admitted then, perhaps
+// under a later table. Reserve therefore cuts maxWait to the booking
+// horizon, Config.MaxReserveWait (default: the coordinator's default Fence,
+// 2 s), and with a table to the time left on its lease. The coordinator puts
+// at least its Fence between a decrease being in force (acknowledged, which
+// an agent does only after applying it) and the increase it pays for, so
+// with MaxReserveWait ≤ Fence every booking made under a share acts before
+// another region's increase bought with that share takes effect:
+// ARCHITECTURE.md invariant 4 ("reservations never book past the current
+// lease, and the fence before an increase is at least max(reservation
+// max-wait, local lease TTL)"). The node enforces its half (the horizon and
+// the lease); that the horizon and every limit's lease.ttl are within the
+// Fence is checked where both are known, by the agent's configuration. A
+// local lease (rate_limit.lease) is served only while its limit and epoch
+// are the ones in force here, so it ends when this node applies any change
+// of the key's share; its TTL bound is a second line of defence.
+//
 // # Failure and shadow
 //
 // When the store fails, the enforced limits' failure modes decide: any

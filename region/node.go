@@ -77,6 +77,15 @@ type Config struct {
 	// returned without a store call (exact under GCRA; the shell's clock
 	// must be monotonic). Counted in Stats.DenyCacheHits.
 	DenyCache bool
+	// MaxReserveWait is the booking horizon: the longest a reservation
+	// may wait for its slot. Reserve cuts every maxWait to it (and to the
+	// lease left). A booking acts when its wait ends, perhaps after the
+	// share that booked it was cut, so the horizon must not exceed the
+	// coordinator's Fence (rebalance.Config.Fence), the least time between
+	// a decrease being in force and the increase it pays for; the agent
+	// checks that when it joins a cluster. 0 books nothing ahead: a
+	// reservation is then admitted only when its slot is now.
+	MaxReserveWait time.Duration
 }
 
 // DefaultConfig returns a Config for one agent of region among regions.
@@ -91,6 +100,8 @@ func DefaultConfig(region, agent string, regions ...string) Config {
 		MaxKeys:      1 << 20,                // ~200 B each: about 200 MiB at the cap
 		DenyCache:    true,                   // exact, and spares Redis the hottest denied keys
 		MaxSkew:      500 * time.Millisecond, // the coordinator's default
+		// The coordinator's default Fence: booked future never outlives it.
+		MaxReserveWait: rebalance.DefaultConfig(regions...).Fence,
 	}
 }
 
@@ -123,6 +134,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxKeys < 1 {
 		errs = append(errs, fmt.Errorf("region: MaxKeys %d: must be at least 1", c.MaxKeys))
+	}
+	if c.MaxReserveWait < 0 || c.MaxReserveWait > gcra.MaxWindow {
+		errs = append(errs, fmt.Errorf("region: MaxReserveWait %s: must be in [0, %s]", c.MaxReserveWait, gcra.MaxWindow))
 	}
 	return errors.Join(errs...)
 }
