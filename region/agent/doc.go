@@ -37,6 +37,15 @@
 // configured, RLS and /v1/* require "authorization: Bearer <token>"; health
 // and metrics stay open. The JSON types live in region/agent/api.
 //
+// POST /v1/reserve books at most reserve_max_wait ahead (default 2 s, the
+// coordinator's default fence; a larger max_wait_ms is a 400), and the node
+// books no further than that or the lease left. In a cluster the
+// configuration refuses a reserve_max_wait, and New and Reload a policy
+// lease.ttl, above cluster.coordinator.fence: booked future must act before
+// the increase the fence holds back (ARCHITECTURE.md invariant 4; see
+// package region, "Booked future"). cmd passes reserve_max_wait to the node
+// as region.Config.MaxReserveWait.
+//
 // # Concurrency
 //
 // ShouldRateLimit and the HTTP handlers are safe for many goroutines and
