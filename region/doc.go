@@ -93,6 +93,21 @@
 // are the ones in force here, so it ends when this node applies any change
 // of the key's share; its TTL bound is a second line of defence.
 //
+// # Deny cache
+//
+// With Config.DenyCache a node remembers, per key, the TAT the store
+// reported for it in the last denied request that touched it (every limit's
+// result carries it), and forgets it when this node's admission, lease take
+// or booking moves it. A request that those TATs deny is answered without a
+// store call, reporting for every limit what the store would at that
+// instant: the denying limit's retry-after, reset and remaining, the other
+// limits of a composite their own untouched state. Only admissions move a
+// TAT, so a cached one is a lower bound: the cache never denies what the
+// store would admit. With several agents per region the retry-after or
+// reset it reports may be shorter, and a remaining larger, than the store's
+// (others admitted meanwhile). A request with a limit the node holds no TAT
+// for goes to the store.
+//
 // # Failure and shadow
 //
 // When the store fails, the enforced limits' failure modes decide: any

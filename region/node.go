@@ -73,9 +73,11 @@ type Config struct {
 	// store's: a table counts as in force (reports acknowledge it) only
 	// MaxSkew after its effective time. It must match the coordinator's.
 	MaxSkew time.Duration
-	// DenyCache answers requests still denied against the TAT a denial
-	// returned without a store call (exact under GCRA; the shell's clock
-	// must be monotonic). Counted in Stats.DenyCacheHits.
+	// DenyCache answers, without a store call, a request that the TATs
+	// the store reported for its limits in an earlier denial still deny,
+	// with each limit's result as the store would report it (exact under
+	// GCRA with one agent per store; the shell's clock must be monotonic).
+	// Counted in Stats.DenyCacheHits.
 	DenyCache bool
 	// MaxReserveWait is the booking horizon: the longest a reservation
 	// may wait for its slot. Reserve cuts every maxWait to it (and to the
