@@ -186,6 +186,38 @@ func (n *Node) Resolve(req *Request, d *Decision) error {
 	if d.enforced == 0 {
 		d.Allowed = true
 	}
+	if n.cfg.OneSlot {
+		if err := oneSlot(d.Matches[:d.enforced], dom.hashTag); err != nil {
+			return err
+		}
+		if err := oneSlot(d.Matches[d.enforced:], dom.hashTag); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// oneSlot checks that the keys of one store call share a Redis Cluster slot
+// (Config.OneSlot): one key, or one non-empty tag on every key.
+func oneSlot(ms []Match, hashTag string) error {
+	if len(ms) < 2 {
+		return nil
+	}
+	for i := range ms {
+		if ms[i].Key.Tag != "" && ms[i].Key.Tag == ms[0].Key.Tag {
+			continue
+		}
+		why := "the domain has no hash_tag"
+		if hashTag != "" {
+			why = fmt.Sprintf("a descriptor has no %q entry", hashTag)
+		}
+		j := 0 // another match than i
+		if i == 0 {
+			j = 1
+		}
+		return badRequest("descriptors[%d] and [%d]: keys %q and %q cannot share a Redis Cluster slot (%s), so they cannot be decided together",
+			ms[j].Descriptor, ms[i].Descriptor, ms[j].Key.Name, ms[i].Key.Name, why)
+	}
 	return nil
 }
 

@@ -44,7 +44,14 @@
 // is its Cluster hash tag, so a tenant's limits share a slot. Every limit of
 // a domain with a hash_tag must have that descriptor on its path (a load
 // error otherwise), and descriptors of one request naming different tag
-// values are a request error.
+// values are a request error. A single Redis (or Sentinel) decides a
+// composite whatever its keys, so a domain needs no hash_tag there. On a
+// Redis Cluster one store call runs on one node: with Config.OneSlot,
+// NewNode refuses a policy in which one request can combine limits of a
+// domain without hash_tag (Policy.CheckOneSlot names them), and a request
+// whose keys still could not share a slot (two keys of one untagged limit,
+// a limit override without the tag's entry) is a request error — never a
+// cross-slot store error.
 //
 // # Node life cycle
 //

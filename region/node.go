@@ -88,6 +88,14 @@ type Config struct {
 	// checks that when it joins a cluster. 0 books nothing ahead: a
 	// reservation is then admitted only when its slot is now.
 	MaxReserveWait time.Duration
+	// OneSlot says the store decides a composite only when its keys share
+	// one Redis Cluster slot (gcra/redisstore on a Cluster): NewNode then
+	// refuses a policy whose domains can combine limits without a hash tag
+	// (Policy.CheckOneSlot), and a request whose limits would still not
+	// share a tag (two keys of an untagged domain, a limit override without
+	// the tag's entry) is ErrBadRequest, never a cross-slot store error.
+	// SetPolicy does not check: its caller does (the agent does at reload).
+	OneSlot bool
 }
 
 // DefaultConfig returns a Config for one agent of region among regions.
@@ -252,6 +260,11 @@ func NewNode(cfg Config, policy *Policy, store Store) (*Node, error) {
 	}
 	if policy == nil || store == nil {
 		return nil, errors.New("region: NewNode needs a policy and a store")
+	}
+	if cfg.OneSlot {
+		if err := policy.CheckOneSlot(); err != nil {
+			return nil, err
+		}
 	}
 	n := &Node{cfg: cfg, store: store, safe: cfg.safePPM()}
 	n.keys.init(cfg.MaxKeys)

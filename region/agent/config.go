@@ -81,7 +81,16 @@ type AuthConfig struct {
 
 // RedisConfig is the region's Redis.
 type RedisConfig struct {
-	Addr    string   `yaml:"addr"`
+	// Addr is the server (with Cluster: any node, the client finds the
+	// rest).
+	Addr string `yaml:"addr"`
+	// Cluster says Addr is a Redis Cluster node. There one script call runs
+	// on one node, so a request's limits must share a slot: a policy whose
+	// domain without hash_tag lets one request combine limits is refused
+	// at load (region.Policy.CheckOneSlot), and the node refuses a request
+	// whose keys still cannot (region.Config.OneSlot). A single node (the
+	// default) decides any composite.
+	Cluster bool     `yaml:"cluster"`
 	Prefix  string   `yaml:"prefix"`
 	Timeout Duration `yaml:"timeout"`
 	// Lanes is redisstore.Config.Lanes: how many batched script calls the
@@ -227,12 +236,18 @@ func (c *Config) Validate() error {
 }
 
 // CheckPolicy reports every problem with running policy p under c, with
-// the limit's path: in a cluster, a limit whose lease.ttl exceeds
-// cluster.coordinator.fence (leased units are booked future too,
-// ARCHITECTURE.md invariant 4). New checks the node's policy and Reload
-// every policy it loads.
+// the limits' paths: on a Redis Cluster (redis.cluster), a domain whose
+// limits one request can combine without a hash tag; in a cluster of
+// agents, a limit whose lease.ttl exceeds cluster.coordinator.fence (leased
+// units are booked future too, ARCHITECTURE.md invariant 4). New checks the
+// node's policy and Reload every policy it loads.
 func (c *Config) CheckPolicy(p *region.Policy) error {
 	var errs []error
+	if c.Redis.Cluster {
+		if err := p.CheckOneSlot(); err != nil {
+			errs = append(errs, fmt.Errorf("policy (redis.cluster): %w", err))
+		}
+	}
 	if c.Cluster.Enabled() {
 		f := c.Cluster.fence()
 		for _, r := range p.Rules() {

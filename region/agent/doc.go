@@ -23,6 +23,16 @@
 //	a, _ := agent.New(*cfg, node, log, br.Collectors()...)
 //	err := a.Run(ctx, grpcListener, httpListener) // until ctx ends, then drains
 //
+// redis.cluster says the region's Redis is a Cluster: cmd then uses a
+// ClusterClient and sets region.Config.OneSlot, New and Reload refuse a
+// policy in which one request can combine limits of a domain without
+// hash_tag (their keys cannot share a slot), naming the limits, and cmd
+// refuses to start when Redis answers as the other kind. On a single node
+// any composite is decided. The breaker counts only errors that say Redis
+// is failing: a store error that reports StoreHealthy() (redisstore's
+// cross-slot, bad-input and malformed-state errors) or a gcra input error
+// goes to the limits' failure modes without opening it.
+//
 // Run serves both listeners (TLS or mutual TLS when configured), ticks the
 // node every 100 ms (demand reports, lease lapses), reloads the policy when
 // its file changes or RequestReload is called (SIGHUP in cmd), and logs
