@@ -186,6 +186,38 @@ func (n *Node) Resolve(req *Request, d *Decision) error {
 	if d.enforced == 0 {
 		d.Allowed = true
 	}
+	if n.cfg.OneSlot {
+		if err := oneSlot(d.Matches[:d.enforced], dom.hashTag); err != nil {
+			return err
+		}
+		if err := oneSlot(d.Matches[d.enforced:], dom.hashTag); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// oneSlot checks that the keys of one store call share a Redis Cluster slot
+// (Config.OneSlot): one key, or one non-empty tag on every key.
+func oneSlot(ms []Match, hashTag string) error {
+	if len(ms) < 2 {
+		return nil
+	}
+	for i := range ms {
+		if ms[i].Key.Tag != "" && ms[i].Key.Tag == ms[0].Key.Tag {
+			continue
+		}
+		why := "the domain has no hash_tag"
+		if hashTag != "" {
+			why = fmt.Sprintf("a descriptor has no %q entry", hashTag)
+		}
+		j := 0 // another match than i
+		if i == 0 {
+			j = 1
+		}
+		return badRequest("descriptors[%d] and [%d]: keys %q and %q cannot share a Redis Cluster slot (%s), so they cannot be decided together",
+			ms[j].Descriptor, ms[i].Descriptor, ms[j].Key.Name, ms[i].Key.Name, why)
+	}
 	return nil
 }
 
@@ -329,7 +361,7 @@ func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
 			n.fallback(now, d)
 		} else {
 			d.Result, d.Allowed = r, r.Allowed
-			n.noteDenials(now, ms)
+			n.noteDenials(now, r.Allowed, ms)
 		}
 	}
 	if ms := d.Shadow(); len(ms) > 0 {
@@ -625,10 +657,13 @@ type Reserver interface {
 var ErrNoReserve = errors.New("region: reservation not possible")
 
 // Reserve books the next slot for req when the wait is at most maxWait
-// (seed 000: the caller waits d.Result.Wait, then proceeds), never past the
-// lease of the table in force: with a table, maxWait is cut to the time left
-// on the lease, so booked future never outlives the share that booked it.
-// A request touching no enforced limit is admitted at once; one touching
+// (seed 000: the caller waits d.Result.Wait, then proceeds). maxWait is cut
+// to Config.MaxReserveWait, the booking horizon, and with a table to the
+// time left on its lease: a booking acts when its wait ends, and one made
+// under a share the coordinator then cuts must have acted before the
+// increase that share pays for takes effect, at least the coordinator's
+// Fence after the decrease is in force (ARCHITECTURE.md invariant 4). A
+// request touching no enforced limit is admitted at once; one touching
 // several is ErrNoReserve. Shadow limits are decided as in Decide. On a
 // store error the failure mode decides as in Decide, without a wait.
 func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait time.Duration, d *Decision) error {
@@ -648,6 +683,7 @@ func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait tim
 	}
 	n.decisions.Add(1)
 	if len(ms) == 1 {
+		maxWait = min(maxWait, n.cfg.MaxReserveWait)
 		if s := n.snap.Load(); s.hasTable {
 			left := time.Duration(max(0, n.leaseExpiry.Load()-now)) * time.Microsecond
 			maxWait = min(maxWait, left)
@@ -659,6 +695,9 @@ func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait tim
 		} else {
 			ms[0].Result, ms[0].decided = r, true
 			d.Result, d.Allowed = r, r.Allowed
+			if r.Allowed && ms[0].Cost > 0 {
+				ms[0].entry.forget() // the booking moved the TAT on
+			}
 		}
 	}
 	if sh := d.Shadow(); len(sh) > 0 {
@@ -673,41 +712,57 @@ func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait tim
 	return nil
 }
 
-// denyInfo is a key's TAT as a denial reported it, on the node's clock,
-// with the limit it was decided under.
+// denyInfo is a key's TAT as the store last reported it in a denied
+// request, on the node's clock, with the limit it was decided under.
 type denyInfo struct {
 	tat   int64 // µs, the node's clock
 	t, b  int64 // the limit's T (µs) and burst
 	epoch uint64
 }
 
-// noteDenials remembers the TAT of each limit that denied: only admissions
-// move a TAT, and other agents' admissions only move it later, so while
-// the limit stays the same a request denied against it would be denied by
-// the store too.
-func (n *Node) noteDenials(now int64, ms []Match) {
+// noteDenials keeps the deny cache: after a denied request, the TAT the
+// store reported for each of its limits (each limit's result carries it:
+// now + ResetAfter is max(TAT, now), which decides every later instant the
+// same); after an admission, nothing for the limits it charged. Only
+// admissions move a TAT, this node's clear the entry and other agents' only
+// move it later, so while the limit stays the same the cached TAT is a
+// lower bound of the store's: a request it denies the store denies too.
+func (n *Node) noteDenials(now int64, allowed bool, ms []Match) {
 	if !n.cfg.DenyCache {
 		return
 	}
 	for i := range ms {
 		m := &ms[i]
-		r := &m.Result
-		if m.entry != nil && r.Allowed && m.Cost > 0 && m.entry.deny.Load() != nil {
-			m.entry.deny.Store(nil) // this admission moved the TAT on
+		if m.entry == nil {
 			continue
 		}
-		// Only a denial the store decided under the current limit: near a
+		r := &m.Result
+		if allowed {
+			if m.Cost > 0 {
+				m.entry.forget() // this admission moved the TAT on
+			}
+			continue
+		}
+		// Only a result the store decided under the current limit: near a
 		// switch the store's clock (Redis TIME) may still be on the
 		// previous one.
-		if m.entry == nil || r.Allowed || r.TooLarge || r.RetryAfter <= 0 || !steadyAt(&m.Schedule, now) || r.Limit != m.Schedule.Current.Limit {
+		if !steadyAt(&m.Schedule, now) || r.Limit != m.Schedule.Current.Limit {
 			continue
 		}
 		l := &m.Schedule.Current.Limit
 		tat := now + r.ResetAfter.Microseconds()
-		if old := m.entry.deny.Load(); old != nil && old.tat == tat && old.t == l.IntervalMicros() {
+		if old := m.entry.deny.Load(); old != nil && old.tat == tat && old.t == l.IntervalMicros() && old.b == l.Burst() &&
+			old.epoch == m.Schedule.Current.Epoch {
 			continue
 		}
 		m.entry.deny.Store(&denyInfo{tat: tat, t: l.IntervalMicros(), b: l.Burst(), epoch: m.Schedule.Current.Epoch})
+	}
+}
+
+// forget drops e's cached TAT (an admission this node made moved it).
+func (e *entry) forget() {
+	if e != nil && e.deny.Load() != nil {
+		e.deny.Store(nil)
 	}
 }
 
@@ -717,56 +772,54 @@ func steadyAt(s *gcra.Schedule, now int64) bool {
 	return !s.Current.Limit.IsZero() && (!s.HasPrevious || now >= s.Current.Effective)
 }
 
-// denyCached answers the enforced matches from the deny cache when one of
-// them is still denied against its cached TAT (TAT + n·T − now > Burst·T):
-// the request is denied without a store call, as the store would deny it.
-// The retry-after is the longest among the cached limits; it can be
-// shorter than the store's when other agents admitted since, or when
-// another limit of a composite would deny for longer — the client learns
-// the rest on its next try.
+// denyCached answers the enforced matches from the deny cache when the
+// cached TATs deny the request, without a store call, reporting what the
+// store would: each limit's own result from its TAT at now — a limit that
+// denies its retry-after, reset and remaining (TooLarge when the cost
+// exceeds its burst), and the others of a composite their untouched state
+// — combined as the store combines them. It needs a cached TAT for every
+// enforced limit, so it answers a composite only once the store has denied
+// one touching the same limits. With one agent per store the answer is the
+// store's exactly; with several, other agents' admissions since may have
+// moved a TAT further than this node knows, so a retry-after or reset may
+// be shorter and a remaining larger than the store's (never a denial the
+// store would not make) — the client learns the rest on its next try.
 func (n *Node) denyCached(now int64, d *Decision, ms []Match) bool {
 	if !n.cfg.DenyCache {
 		return false
 	}
+	d.results = grow(d.results, len(ms))
+	denied, peek := false, true
 	for i := range ms {
 		m := &ms[i]
-		if m.entry == nil || m.Cost == 0 {
-			continue
-		}
 		di := m.entry.denyOf(&m.Schedule, now)
-		l := &m.Schedule.Current.Limit
 		if di == nil {
-			continue
+			return false // a limit whose state this node does not know
 		}
-		if m.Cost > di.b {
-			continue // TooLarge: let the store say so
+		l := m.Schedule.Current.Limit
+		_, r, err := gcra.Allow(l, di.tat, now, m.Cost)
+		if err != nil {
+			return false
 		}
-		wait := di.tat + m.Cost*di.t - di.b*di.t - now
-		if wait <= 0 {
-			continue
+		if r.Allowed {
+			// It would admit: if the request is denied nothing is
+			// consumed, and the store reports its untouched state.
+			_, r, _ = gcra.Allow(l, di.tat, now, 0)
+			r.Allowed = false
+		} else {
+			denied = true
 		}
-		// Denied: this limit's answer, the others untouched.
-		for j := range ms {
-			ms[j].Result, ms[j].decided = gcra.Result{Limit: ms[j].Schedule.Current.Limit}, true
-		}
-		m.Result = gcra.Result{Limit: *l, RetryAfter: time.Duration(wait) * time.Microsecond,
-			ResetAfter: time.Duration(max(di.tat-now, 0)) * time.Microsecond}
-		d.Result, d.Allowed = m.Result, false
-		for j := i + 1; j < len(ms); j++ { // the longest wait among the cached limits
-			o := &ms[j]
-			if oi := o.entry.denyOf(&o.Schedule, now); oi != nil && o.Cost > 0 && o.Cost <= oi.b {
-				if w := oi.tat + o.Cost*oi.t - oi.b*oi.t - now; w > 0 {
-					o.Result = gcra.Result{Limit: o.Schedule.Current.Limit, RetryAfter: time.Duration(w) * time.Microsecond,
-						ResetAfter: time.Duration(max(oi.tat-now, 0)) * time.Microsecond}
-					if o.Result.RetryAfter > d.Result.RetryAfter {
-						d.Result = o.Result
-					}
-				}
-			}
-		}
-		return true
+		d.results[i] = r
+		peek = peek && m.Cost == 0
 	}
-	return false
+	if !denied || peek {
+		return false // the store may admit; a peek is the store's to count
+	}
+	for i := range ms {
+		ms[i].Result, ms[i].decided = d.results[i], true
+	}
+	d.Result, d.Allowed = gcra.Combine(d.results[:len(ms)]), false
+	return true
 }
 
 // denyOf is e's cached denial when it holds for schedule s at now.
@@ -834,6 +887,7 @@ func (n *Node) leased(ctx context.Context, now int64, d *Decision, m *Match) boo
 		return false // decide the request alone
 	}
 	n.leaseTakes.Add(1)
+	m.entry.forget() // the take moved the TAT on
 	ls.mu.Lock()
 	if ls.units > 0 { // another request took one meanwhile
 		n.leaseStranded.Add(ls.units)

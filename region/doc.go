@@ -44,7 +44,14 @@
 // is its Cluster hash tag, so a tenant's limits share a slot. Every limit of
 // a domain with a hash_tag must have that descriptor on its path (a load
 // error otherwise), and descriptors of one request naming different tag
-// values are a request error.
+// values are a request error. A single Redis (or Sentinel) decides a
+// composite whatever its keys, so a domain needs no hash_tag there. On a
+// Redis Cluster one store call runs on one node: with Config.OneSlot,
+// NewNode refuses a policy in which one request can combine limits of a
+// domain without hash_tag (Policy.CheckOneSlot names them), and a request
+// whose keys still could not share a slot (two keys of one untagged limit,
+// a limit override without the tag's entry) is a request error — never a
+// cross-slot store error.
 //
 // # Node life cycle
 //
@@ -72,6 +79,41 @@
 // reduces every key to min(last share, safe share); a key missing from the
 // table runs at the safe share; a key whose budget in the table differs from
 // the policy (a rollout in progress) runs at min(table share, safe share).
+//
+// # Booked future
+//
+// Node.Reserve books a request's slot when its wait is at most maxWait; the
+// caller acts when the wait ends, so what it books is admitted then, perhaps
+// under a later table. Reserve therefore cuts maxWait to the booking
+// horizon, Config.MaxReserveWait (default: the coordinator's default Fence,
+// 2 s), and with a table to the time left on its lease. The coordinator puts
+// at least its Fence between a decrease being in force (acknowledged, which
+// an agent does only after applying it) and the increase it pays for, so
+// with MaxReserveWait ≤ Fence every booking made under a share acts before
+// another region's increase bought with that share takes effect:
+// ARCHITECTURE.md invariant 4 ("reservations never book past the current
+// lease, and the fence before an increase is at least max(reservation
+// max-wait, local lease TTL)"). The node enforces its half (the horizon and
+// the lease); that the horizon and every limit's lease.ttl are within the
+// Fence is checked where both are known, by the agent's configuration. A
+// local lease (rate_limit.lease) is served only while its limit and epoch
+// are the ones in force here, so it ends when this node applies any change
+// of the key's share; its TTL bound is a second line of defence.
+//
+// # Deny cache
+//
+// With Config.DenyCache a node remembers, per key, the TAT the store
+// reported for it in the last denied request that touched it (every limit's
+// result carries it), and forgets it when this node's admission, lease take
+// or booking moves it. A request that those TATs deny is answered without a
+// store call, reporting for every limit what the store would at that
+// instant: the denying limit's retry-after, reset and remaining, the other
+// limits of a composite their own untouched state. Only admissions move a
+// TAT, so a cached one is a lower bound: the cache never denies what the
+// store would admit. With several agents per region the retry-after or
+// reset it reports may be shorter, and a remaining larger, than the store's
+// (others admitted meanwhile). A request with a limit the node holds no TAT
+// for goes to the store.
 //
 // # Failure and shadow
 //

@@ -73,10 +73,29 @@ type Config struct {
 	// store's: a table counts as in force (reports acknowledge it) only
 	// MaxSkew after its effective time. It must match the coordinator's.
 	MaxSkew time.Duration
-	// DenyCache answers requests still denied against the TAT a denial
-	// returned without a store call (exact under GCRA; the shell's clock
-	// must be monotonic). Counted in Stats.DenyCacheHits.
+	// DenyCache answers, without a store call, a request that the TATs
+	// the store reported for its limits in an earlier denial still deny,
+	// with each limit's result as the store would report it (exact under
+	// GCRA with one agent per store; the shell's clock must be monotonic).
+	// Counted in Stats.DenyCacheHits.
 	DenyCache bool
+	// MaxReserveWait is the booking horizon: the longest a reservation
+	// may wait for its slot. Reserve cuts every maxWait to it (and to the
+	// lease left). A booking acts when its wait ends, perhaps after the
+	// share that booked it was cut, so the horizon must not exceed the
+	// coordinator's Fence (rebalance.Config.Fence), the least time between
+	// a decrease being in force and the increase it pays for; the agent
+	// checks that when it joins a cluster. 0 books nothing ahead: a
+	// reservation is then admitted only when its slot is now.
+	MaxReserveWait time.Duration
+	// OneSlot says the store decides a composite only when its keys share
+	// one Redis Cluster slot (gcra/redisstore on a Cluster): NewNode then
+	// refuses a policy whose domains can combine limits without a hash tag
+	// (Policy.CheckOneSlot), and a request whose limits would still not
+	// share a tag (two keys of an untagged domain, a limit override without
+	// the tag's entry) is ErrBadRequest, never a cross-slot store error.
+	// SetPolicy does not check: its caller does (the agent does at reload).
+	OneSlot bool
 }
 
 // DefaultConfig returns a Config for one agent of region among regions.
@@ -91,6 +110,8 @@ func DefaultConfig(region, agent string, regions ...string) Config {
 		MaxKeys:      1 << 20,                // ~200 B each: about 200 MiB at the cap
 		DenyCache:    true,                   // exact, and spares Redis the hottest denied keys
 		MaxSkew:      500 * time.Millisecond, // the coordinator's default
+		// The coordinator's default Fence: booked future never outlives it.
+		MaxReserveWait: rebalance.DefaultConfig(regions...).Fence,
 	}
 }
 
@@ -123,6 +144,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxKeys < 1 {
 		errs = append(errs, fmt.Errorf("region: MaxKeys %d: must be at least 1", c.MaxKeys))
+	}
+	if c.MaxReserveWait < 0 || c.MaxReserveWait > gcra.MaxWindow {
+		errs = append(errs, fmt.Errorf("region: MaxReserveWait %s: must be in [0, %s]", c.MaxReserveWait, gcra.MaxWindow))
 	}
 	return errors.Join(errs...)
 }
@@ -236,6 +260,11 @@ func NewNode(cfg Config, policy *Policy, store Store) (*Node, error) {
 	}
 	if policy == nil || store == nil {
 		return nil, errors.New("region: NewNode needs a policy and a store")
+	}
+	if cfg.OneSlot {
+		if err := policy.CheckOneSlot(); err != nil {
+			return nil, err
+		}
 	}
 	n := &Node{cfg: cfg, store: store, safe: cfg.safePPM()}
 	n.keys.init(cfg.MaxKeys)

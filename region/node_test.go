@@ -649,42 +649,73 @@ func TestNodePreparedMatchesDecide(t *testing.T) {
 }
 
 func TestNodeReserveWithinLease(t *testing.T) {
+	for _, e := range envs(t) {
+		t.Run(e.name, func(t *testing.T) { testNodeReserveWithinLease(t, e) })
+	}
+}
+
+func testNodeReserveWithinLease(t *testing.T, e env) {
+	// Hourly limits: a horizon of minutes, so that the lease is what cuts.
+	cfg := DefaultConfig("eu", "eu-1", regions...)
+	cfg.MaxReserveWait = 10 * time.Minute
+	n, err := NewNode(cfg, mustPolicy(t, testPolicy), e.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := e.now()
+	tb := table(1, 1, now, now-hour, 1, 500_000, acme, acmeSearch)
+	tb.Leases = []int64{now + 100e6, now + 100e6} // 100 s left
+	if err := n.Apply(tb, now); err != nil {
+		t.Fatal(err)
+	}
+	// eu: 50/h (one token every 72 s), burst 5; spend the burst.
+	if got := decideN(t, n, e.now(), req(1, tenant("acme")), 5); got != 5 {
+		t.Fatalf("spent %d, want 5", got)
+	}
+	var d Decision
+	ctx := context.Background()
+	// The next slot is 72 s away: within 2 min and the lease, booked.
+	if err := n.Reserve(ctx, e.now(), req(1, tenant("acme")), 2*time.Minute, &d); err != nil {
+		t.Fatal(err)
+	}
+	if !d.Allowed || d.Result.Wait < 71*time.Second || d.Result.Wait > 72*time.Second {
+		t.Errorf("reserve: allowed %v wait %v, want booked about 72 s ahead", d.Allowed, d.Result.Wait)
+	}
+	// The one after is 144 s away: past the lease, refused though
+	// within maxWait; nothing booked.
+	if err := n.Reserve(ctx, e.now(), req(1, tenant("acme")), 5*time.Minute, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed {
+		t.Errorf("reserve booked %v ahead, past the lease 100 s away", d.Result.Wait)
+	}
+	// Several enforced limits cannot be booked as one.
+	err = n.Reserve(ctx, e.now(), req(1, tenant("acme"), tenant("acme", Entry{"route", "/search"})), time.Minute, &d)
+	if !errors.Is(err, ErrNoReserve) {
+		t.Errorf("composite reserve: err %v, want ErrNoReserve", err)
+	}
+	// No limit: admitted at once.
+	if err := n.Reserve(ctx, e.now(), req(1, Descriptor{Entries: []Entry{{"user", "x"}}}), time.Minute, &d); err != nil || !d.Allowed {
+		t.Errorf("unlimited reserve: allowed %v err %v", d.Allowed, err)
+	}
+}
+
+// The booking horizon (Config.MaxReserveWait) cuts maxWait, table or not.
+func TestNodeReserveWithinHorizon(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e env, n *Node) {
-		now := e.now()
-		tb := table(1, 1, now, now-hour, 1, 500_000, acme, acmeSearch)
-		tb.Leases = []int64{now + 100e6, now + 100e6} // 100 s left
-		if err := n.Apply(tb, now); err != nil {
-			t.Fatal(err)
-		}
-		// eu: 50/h (one token every 72 s), burst 5; spend the burst.
-		if got := decideN(t, n, e.now(), req(1, tenant("acme")), 5); got != 5 {
-			t.Fatalf("spent %d, want 5", got)
-		}
-		var d Decision
 		ctx := context.Background()
-		// The next slot is 72 s away: within 2 min and the lease, booked.
-		if err := n.Reserve(ctx, e.now(), req(1, tenant("acme")), 2*time.Minute, &d); err != nil {
+		var d Decision
+		// Cold: eu runs the safe share, burst 1, one token every 12 min.
+		if err := n.Reserve(ctx, e.now(), req(1, tenant("acme")), time.Hour, &d); err != nil || !d.Allowed || d.Result.Wait != 0 {
+			t.Fatalf("first reserve: %+v %v, want booked at once", d.Result, err)
+		}
+		// The next slot is 12 min away: within the hour asked, beyond the
+		// default 2 s horizon.
+		if err := n.Reserve(ctx, e.now(), req(1, tenant("acme")), time.Hour, &d); err != nil {
 			t.Fatal(err)
 		}
-		if !d.Allowed || d.Result.Wait < 71*time.Second || d.Result.Wait > 72*time.Second {
-			t.Errorf("reserve: allowed %v wait %v, want booked about 72 s ahead", d.Allowed, d.Result.Wait)
-		}
-		// The one after is 144 s away: past the lease, refused though
-		// within maxWait; nothing booked.
-		if err := n.Reserve(ctx, e.now(), req(1, tenant("acme")), 5*time.Minute, &d); err != nil {
-			t.Fatal(err)
-		}
-		if d.Allowed {
-			t.Errorf("reserve booked %v ahead, past the lease 100 s away", d.Result.Wait)
-		}
-		// Several enforced limits cannot be booked as one.
-		err := n.Reserve(ctx, e.now(), req(1, tenant("acme"), tenant("acme", Entry{"route", "/search"})), time.Minute, &d)
-		if !errors.Is(err, ErrNoReserve) {
-			t.Errorf("composite reserve: err %v, want ErrNoReserve", err)
-		}
-		// No limit: admitted at once.
-		if err := n.Reserve(ctx, e.now(), req(1, Descriptor{Entries: []Entry{{"user", "x"}}}), time.Minute, &d); err != nil || !d.Allowed {
-			t.Errorf("unlimited reserve: allowed %v err %v", d.Allowed, err)
+		if d.Allowed || d.Result.RetryAfter < 11*time.Minute {
+			t.Errorf("second reserve: allowed %v wait %v retry-after %v, want refused (the slot is past the 2 s horizon)", d.Allowed, d.Result.Wait, d.Result.RetryAfter)
 		}
 	})
 }
@@ -749,9 +780,8 @@ func TestNodeDenyCacheIsExact(t *testing.T) {
 		if err := without.Decide(context.Background(), now, r, &d2); err != nil {
 			t.Fatal(err)
 		}
-		// One agent: the decisions match, and so does the retry-after of a
-		// single limit (a composite's may be shorter; see denyCached).
-		if d1.Allowed != d2.Allowed || (!d1.Allowed && len(r.Descriptors) == 1 && d1.Result.RetryAfter != d2.Result.RetryAfter) {
+		// One agent: the decisions match, and so do their retry-afters.
+		if d1.Allowed != d2.Allowed || d1.Result.RetryAfter != d2.Result.RetryAfter {
 			t.Fatalf("step %d: cache %v retry %v, store %v retry %v", i, d1.Allowed, d1.Result.RetryAfter, d2.Allowed, d2.Result.RetryAfter)
 		}
 	}

@@ -791,3 +791,66 @@ func (dom *domain) match(entries []Entry) *Rule {
 	}
 	return found
 }
+
+// CheckOneSlot reports every domain whose limits one request can combine in
+// a store call while their keys cannot share a Redis Cluster slot, naming
+// the limits: a domain without hash_tag in which two limits can match one
+// request (two of its descriptors, each matching one) and be decided in the
+// same call — both enforced or both shadow, neither replacing the other.
+// Its keys hash by their whole names, so on a Cluster every such request
+// would fail as cross-slot. A domain with a hash_tag keeps every key of a
+// request in its tag's slot (descriptors naming different tag values are a
+// request error). A domain with one limit passes: two keys of it in one
+// request (two values of a descriptor without an exact one) are refused per
+// request under Config.OneSlot. Call it when the store is a Cluster:
+// NewNode does with Config.OneSlot, the agent at load and reload.
+func (p *Policy) CheckOneSlot() error {
+	var errs []error
+	var order []string
+	byDomain := map[string][]*Rule{}
+	for _, r := range p.rules {
+		if r.Unlimited {
+			continue
+		}
+		if _, ok := byDomain[r.Domain]; !ok {
+			order = append(order, r.Domain)
+		}
+		byDomain[r.Domain] = append(byDomain[r.Domain], r)
+	}
+	for _, name := range order {
+		if p.domains[name].hashTag != "" {
+			continue
+		}
+		rules := byDomain[name]
+		together := make([]bool, len(rules))
+		some := false
+		for i, a := range rules {
+			for j := i + 1; j < len(rules); j++ {
+				if b := rules[j]; a.Shadow == b.Shadow && !replaces(a, b) && !replaces(b, a) {
+					together[i], together[j], some = true, true, true
+				}
+			}
+		}
+		if !some {
+			continue
+		}
+		var named []string
+		for i, r := range rules {
+			if together[i] {
+				s := r.Path
+				if r.Name != "" {
+					s += fmt.Sprintf(" (%q)", r.Name)
+				}
+				named = append(named, s)
+			}
+		}
+		errs = append(errs, fmt.Errorf("region: domain %q has no hash_tag, and one request can match its limits %s together: on a Redis Cluster their keys hash to different slots, so every such request would fail; set hash_tag to a descriptor key on every limit's path, or split the domain",
+			name, strings.Join(named, ", ")))
+	}
+	return errors.Join(errs...)
+}
+
+// replaces reports whether rule a drops rule b when both match a request.
+func replaces(a, b *Rule) bool {
+	return b.Name != "" && slices.Contains(a.Replaces, b.Name)
+}

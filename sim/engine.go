@@ -428,6 +428,7 @@ func (r *Run) buildRegions() error {
 			ncfg.Agents = rg.Agents
 			ncfg.SafeFraction = cfg.SafeFraction
 			ncfg.MaxSkew = cfg.MaxSkew
+			ncfg.MaxReserveWait = cfg.Fence // the horizon the agent allows: the fence
 			n, err := region.NewNode(ncfg, r.policy, &st.fail)
 			if err != nil {
 				return err
@@ -713,7 +714,7 @@ func (r *Run) handle(e *event) error {
 		r.schedule(event{t: e.t + 1_000_000, kind: evSample})
 	case evRetry:
 		r.dec.Retries++
-		r.arrive(int(e.a), int(e.b), e.c>>8, int(e.c&0xff))
+		r.arrive(int(e.a), int(e.b), e.c>>retryCostBits, int(e.c&(1<<retryCostBits-1)))
 	case evSwitch:
 		k := &r.keys[e.a]
 		k.on = !k.on
@@ -811,7 +812,16 @@ func (r *Run) redisDown(ri int, t int64) bool {
 	return false
 }
 
+// Retries carry the attempt in their low bits, and whether the client
+// decides though the scenario's clients reserve (RetrySpec.DecideFraction).
+const (
+	attemptMask   = 0x7f
+	decidesFlag   = 0x80
+	retryCostBits = 8
+)
+
 // arrive decides one request of key i in region ri, and the oracle with it.
+// attempt is the retry's attempt, possibly with decidesFlag.
 func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 	if r.onArrival != nil {
 		r.onArrival(Arrival{T: r.now, Key: i, Region: ri, Cost: cost})
@@ -823,10 +833,24 @@ func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 	}
 	k := &r.keys[i]
 	r.dec.Requests++
+	flag := 0
 	if rs := r.sc.Workload.Retry; rs != nil && rs.Reserve > 0 && !r.baseline() {
-		r.reserve(i, ri, cost, attempt)
-		return
+		// The clients reserve; in a mix a client decides instead with
+		// probability DecideFraction (its region's, else the workload's),
+		// drawn at its first attempt (only in a mix, so other runs draw
+		// what they always drew) and carried by its retries.
+		f := rs.DecideFraction
+		if rf := r.sc.Regions[ri].DecideFraction; rf != nil {
+			f = *rf
+		}
+		decides := attempt&decidesFlag != 0 || (attempt == 0 && f > 0 && (f >= 1 || r.rng.Float64() < f))
+		if !decides {
+			r.reserve(i, ri, cost, attempt)
+			return
+		}
+		flag = decidesFlag
 	}
+	attempt &= attemptMask
 	// The oracle: one GCRA with the full budget, at true time.
 	next, or, _ := gcra.Allow(k.budget, k.oracle, r.now, cost)
 	if or.Allowed {
@@ -872,7 +896,7 @@ func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 	if rs := r.sc.Workload.Retry; rs != nil && !allowed && attempt < rs.Max && retryAfter != gcra.Never {
 		wait := max(retryAfter, time.Millisecond)
 		wait += time.Duration(r.rng.Float64() * rs.Jitter * float64(wait))
-		r.schedule(event{t: r.now + wait.Microseconds(), kind: evRetry, a: int32(i), b: int32(ri), c: cost<<8 | int64(attempt+1)})
+		r.schedule(event{t: r.now + wait.Microseconds(), kind: evRetry, a: int32(i), b: int32(ri), c: cost<<retryCostBits | int64(flag|(attempt+1))})
 	}
 }
 
@@ -912,7 +936,7 @@ func (r *Run) reserve(i, ri int, cost int64, attempt int) {
 	if attempt < rs.Max && d.Result.RetryAfter != gcra.Never {
 		wait := max(d.Result.RetryAfter, time.Millisecond)
 		wait += time.Duration(r.rng.Float64() * rs.Jitter * float64(wait))
-		r.schedule(event{t: r.now + wait.Microseconds(), kind: evRetry, a: int32(i), b: int32(ri), c: cost<<8 | int64(attempt+1)})
+		r.schedule(event{t: r.now + wait.Microseconds(), kind: evRetry, a: int32(i), b: int32(ri), c: cost<<retryCostBits | int64(attempt+1)})
 	}
 }
 

@@ -78,6 +78,10 @@ type RegionSpec struct {
 	// Weight is the region's part of the traffic that is not a key's home
 	// traffic, and its chance to be a key's home (relative; default 1).
 	Weight float64 `yaml:"weight"`
+	// DecideFraction, when set, replaces workload.retry.decide_fraction for
+	// the requests arriving in this region (its gateways' clients): 1 makes
+	// every one of them decide though the scenario's clients reserve.
+	DecideFraction *float64 `yaml:"decide_fraction"`
 }
 
 // LinkSpec is a one-way link: mean latency, uniform jitter (±), loss.
@@ -167,11 +171,17 @@ type OnOffSpec struct {
 // RetrySpec: a denied client retries after retry-after plus uniform jitter
 // of up to Jitter×retry-after, at most Max times. With Reserve, clients
 // book a reservation instead (seed 000): a request waits up to Reserve for
-// its slot, and one refused retries as above; the oracle books too.
+// its slot (the node books no further than its horizon, the coordinator's
+// fence, and the lease left), and one refused retries as above; the oracle
+// books too. DecideFraction of the requests (0 by default; a region may set
+// its own) come from clients that decide instead, on the same keys: a mix
+// where reservations booked under a share act beside the other clients'
+// decisions.
 type RetrySpec struct {
-	Max     int      `yaml:"max"`
-	Jitter  float64  `yaml:"jitter"`
-	Reserve Duration `yaml:"reserve"`
+	Max            int      `yaml:"max"`
+	Jitter         float64  `yaml:"jitter"`
+	Reserve        Duration `yaml:"reserve"`
+	DecideFraction float64  `yaml:"decide_fraction"`
 }
 
 // FaultsSpec lists faults in time windows.
@@ -306,6 +316,9 @@ func (s *Scenario) Validate() error {
 		if d := r.ClockSkew.D(); d < -time.Minute || d > time.Minute {
 			bad(p+".clock_skew", "%s: outside ±1m", d)
 		}
+		if f := r.DecideFraction; f != nil && (!(*f >= 0 && *f <= 1) || s.Workload.Retry == nil || s.Workload.Retry.Reserve == 0) {
+			bad(p+".decide_fraction", "%v: must be in [0, 1], and set only with workload.retry.reserve", *f)
+		}
 	}
 	region := func(path, name string) {
 		if !names[name] {
@@ -415,6 +428,9 @@ func (s *Scenario) Validate() error {
 		}
 		if !(r.Jitter >= 0 && r.Jitter <= 10) {
 			bad("workload.retry.jitter", "%v: must be in [0, 10]", r.Jitter)
+		}
+		if !(r.DecideFraction >= 0 && r.DecideFraction <= 1) || (r.DecideFraction > 0 && r.Reserve == 0) {
+			bad("workload.retry.decide_fraction", "%v: must be in [0, 1], and set only with reserve", r.DecideFraction)
 		}
 	}
 	for i, p := range s.Faults.Partitions {

@@ -279,6 +279,9 @@ workload: {rate: 100}
 		{"zero keys", strings.Replace(base, "count: 5", "count: 0", 1), "keys.count: 0"},
 		{"flash beyond keys", strings.Replace(base, "{rate: 100}", "{rate: 100, flash: [{region: eu, at: 1s, for: 1s, keys: 9, factor: 2}]}", 1), "workload.flash[0].keys: 9: must be in [1, keys.count]"},
 		{"empty file", "", "empty file"},
+		{"decide_fraction without reserve", strings.Replace(base, "{rate: 100}", "{rate: 100, retry: {max: 2, decide_fraction: 0.5}}", 1), "workload.retry.decide_fraction: 0.5: must be in [0, 1], and set only with reserve"},
+		{"decide_fraction above 1", strings.Replace(base, "{rate: 100}", "{rate: 100, retry: {max: 2, reserve: 1s, decide_fraction: 2}}", 1), "workload.retry.decide_fraction: 2"},
+		{"region decide_fraction without reserve", strings.Replace(base, "{name: us}", "{name: us, decide_fraction: 1}", 1), "regions[1].decide_fraction: 1: must be in [0, 1], and set only with workload.retry.reserve"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -292,7 +295,7 @@ workload: {rate: 100}
 
 func TestBuiltinsParse(t *testing.T) {
 	names := BuiltinNames()
-	for _, want := range []string{"steady-skew", "follow-the-sun", "flash-crowd", "region-failover", "partition", "retry-storm", "many-keys", "coordinator-failover"} {
+	for _, want := range []string{"steady-skew", "follow-the-sun", "flash-crowd", "region-failover", "partition", "retry-storm", "many-keys", "coordinator-failover", "mixed-reserve"} {
 		if _, err := Builtin(want); err != nil {
 			t.Errorf("built-in %s: %v (have %v)", want, err, names)
 		}
@@ -398,6 +401,35 @@ func TestReservingClients(t *testing.T) {
 	for _, r := range []*Result{retrying, reserving} {
 		if r.OABudget.Max != 0 {
 			t.Errorf("OA_budget %+v with closed limits", r.OABudget)
+		}
+	}
+}
+
+// TestMixedReserveHoldsTheBudget: deciding and reserving clients on the
+// same keys through a shift of demand (the mixed-reserve scenario). Booked
+// future acts when its wait ends, beside the deciding clients' admissions,
+// so it must never outlive the fence before the increase the shift brings
+// (ARCHITECTURE.md invariant 4): OA_budget 0 for every strategy.
+//
+// fails on 2023668 (its region package under this simulator and scenario):
+// the node booked up to the lease left, so eu's clients booked 20 s ahead;
+// OA_budget mean 4.9–8.1 % (max per key 9.3–15.9 %) for every strategy that
+// moves shares (static, which does not, scored 0).
+func TestMixedReserveHoldsTheBudget(t *testing.T) {
+	sc, err := Builtin("mixed-reserve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := sweep(t, sc, Options{KeyDetail: true})
+	for _, r := range rep.Runs {
+		t.Logf("%s at %s: OA_budget mean %.5f max %.5f; admitted %d, oracle %d, offered %d", r.Strategy, r.Interval.D(),
+			r.OABudget.Mean, r.OABudget.Max, r.Admitted, r.OracleAdmitted, r.Offered)
+		if r.OABudget.Max != 0 {
+			for _, k := range r.Keys {
+				if k.OABudget > 0 {
+					t.Errorf("%s at %s: key %s admitted beyond its budget: OA_budget %.5f", r.Strategy, r.Interval.D(), k.Key, k.OABudget)
+				}
+			}
 		}
 	}
 }

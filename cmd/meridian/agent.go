@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -63,7 +64,14 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("%s: %w", cfg.Policy, err)
 	}
-	client := redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr, ContextTimeoutEnabled: true})
+	// redis.cluster picks the client, and tells the node and the policy
+	// checks that a composite's keys must share a slot.
+	var client redis.UniversalClient
+	if cfg.Redis.Cluster {
+		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{cfg.Redis.Addr}, ContextTimeoutEnabled: true})
+	} else {
+		client = redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr, ContextTimeoutEnabled: true})
+	}
 	defer client.Close()
 	scfg := redisstore.DefaultConfig()
 	scfg.Prefix = cfg.Redis.Prefix
@@ -88,7 +96,11 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := store.Load(lctx); err != nil {
 		log.Warn("redis: script not loaded; the first decisions will load it", "addr", cfg.Redis.Addr, "err", err)
 	}
+	err = checkRedisKind(lctx, client, cfg.Redis.Cluster)
 	cancel()
+	if err != nil {
+		return err
+	}
 	br, err := agent.NewBreaker(cfg.Breaker, store)
 	if err != nil {
 		return err
@@ -172,4 +184,23 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	log.Info("agent serving", "region", cfg.Region, "agent", cfg.Agent, "grpc", cfg.GRPC, "http", cfg.HTTP,
 		"policy", policy.Version(), "cluster", cfg.Cluster.Name)
 	return serveWithCluster(ctx, a, cl, func(ctx context.Context) error { return a.Run(ctx, gl, hl) })
+}
+
+// checkRedisKind refuses to start when Redis answers and is not the kind
+// redis.cluster says: a single-node client on a Cluster node would get
+// MOVED for most keys, and the policy would have been checked for the wrong
+// kind of store (a Cluster needs a request's limits in one slot). A Redis
+// that does not answer is not an error here: the failure modes decide until
+// it does.
+func checkRedisKind(ctx context.Context, c redis.UniversalClient, cluster bool) error {
+	info, err := c.Info(ctx, "cluster").Result()
+	switch {
+	case err != nil && cluster && strings.Contains(err.Error(), "cluster support disabled"):
+		return fmt.Errorf("%w: redis.cluster is true, but redis.addr is not a Redis Cluster node (%v)", agent.ErrConfig, err)
+	case err != nil:
+		return nil
+	case !cluster && strings.Contains(info, "cluster_enabled:1"):
+		return fmt.Errorf("%w: redis.addr is a Redis Cluster node: set redis.cluster: true (the policy is then checked for one-slot composites)", agent.ErrConfig)
+	}
+	return nil
 }

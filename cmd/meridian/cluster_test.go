@@ -244,6 +244,7 @@ func (c *tCluster) config(regionName string) *agent.Config {
 			Lease: agent.Duration(tLease), MaxSkew: agent.Duration(tSkew), Fence: agent.Duration(tFence),
 			Strategy: "proportional", Hysteresis: 1000, ElectionTTL: agent.Duration(tTTL)},
 	}
+	cfg.ReserveMaxWait = agent.Duration(tFence) // a booking must act within the fence
 	if c.seed != "" {
 		cfg.Cluster.Members.Join = []string{c.seed}
 	}

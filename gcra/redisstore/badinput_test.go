@@ -44,11 +44,6 @@ func TestBadInput(t *testing.T) {
 		}
 		return cs
 	}
-	// Two tags whose encodings hash to different slots.
-	tagA, tagB := "alpha", "beta"
-	if keySlot(s.RedisKey(gcra.Key{Tag: tagA, Name: "x"})) == keySlot(s.RedisKey(gcra.Key{Tag: tagB, Name: "x"})) {
-		t.Fatalf("test setup: tags %q and %q share a slot", tagA, tagB)
-	}
 	hour := int64(time.Hour / time.Microsecond)
 	wide := gcra.Steady(gcra.FromInterval(hour, (gcra.MaxWindowMicros-6*hour)/hour)) // MaxWindow less 6 h or so
 	tests := []struct {
@@ -78,10 +73,6 @@ func TestBadInput(t *testing.T) {
 		{"composite with no checks", decideAll(nil, 0), gcra.ErrNoChecks, []string{"no limits"}},
 		{"composite with MaxChecks+1 checks", decideAll(sameTag(gcra.MaxChecks+1), gcra.MaxChecks+1), gcra.ErrTooManyChecks, []string{"more than 32"}},
 		{"composite with a short out", decideAll(sameTag(2), 1), nil, []string{"out must have len(checks)"}},
-		{"composite across slots", decideAll([]gcra.Check{
-			{Key: gcra.Key{Tag: tagA, Name: "x"}, Schedule: good, Cost: 1},
-			{Key: gcra.Key{Tag: tagB, Name: "x"}, Schedule: good, Cost: 1},
-		}, 2), ErrCrossSlot, []string{strconv.Quote(tagA), strconv.Quote(tagB), "Tag"}},
 		{"composite with one negative cost", decideAll([]gcra.Check{
 			{Key: k, Schedule: good, Cost: 1}, {Key: k2, Schedule: good, Cost: -1},
 		}, 2), gcra.ErrNegativeCost, []string{"cost"}},

@@ -43,7 +43,8 @@ type op struct {
 var opPool = sync.Pool{New: func() any { return &op{done: make(chan struct{}, 1)} }}
 
 // lane is one queue of ops with at most one script call in flight, so the
-// ops of one key run in the order they were submitted.
+// ops it carries run in the order they were queued. An op uses its first
+// key's lane.
 type lane struct {
 	mu      sync.Mutex
 	pending []*op
@@ -101,13 +102,16 @@ func (s *Store) run(ctx context.Context, kind opKind, checks []gcra.Check, maxWa
 	o.res = o.res[:len(checks)]
 	clear(o.res)
 	o.state.Store(opQueued)
+	// The op goes to its first key's lane. On a Cluster every key of a
+	// composite must be in that slot (one script call runs on one node);
+	// a single node or Sentinel has no slots, so a composite of any keys
+	// runs there in one call, atomically.
 	var slot uint16
 	for i := range checks {
 		k := s.RedisKey(checks[i].Key)
-		sl := keySlot(k)
 		if i == 0 {
-			slot = sl
-		} else if sl != slot {
+			slot = keySlot(k)
+		} else if s.cluster && keySlot(k) != slot {
 			opPool.Put(o)
 			if checks[0].Key.Tag == "" || checks[i].Key.Tag == "" {
 				return fmt.Errorf("%w: keys %q and %q: a key with an empty Tag hashes by its whole name, so a composite needs one non-empty Tag on every key",

@@ -256,6 +256,15 @@ func TestCluster(t *testing.T) {
 				t.Errorf("error %q does not name tag %q", err, tag)
 			}
 		}
+		// Untagged keys hash by their whole names: the error says so.
+		_, err = s.DecideAll(ctx, []gcra.Check{
+			{Key: gcra.Key{Name: "tenant-a"}, Schedule: sch, Cost: 1},
+			{Key: gcra.Key{Name: "user-7"}, Schedule: sch, Cost: 1},
+		}, make([]gcra.Result, 2))
+		if !errors.Is(err, ErrCrossSlot) || !strings.Contains(err.Error(), "empty Tag hashes by its whole name") ||
+			!strings.Contains(err.Error(), `"tenant-a"`) {
+			t.Errorf("err = %v, want ErrCrossSlot explaining untagged keys and naming them", err)
+		}
 		for addr, keys := range keysByMaster(t, s.cfg.Prefix) {
 			if len(keys) > 0 {
 				t.Errorf("%s holds %q after a refused composite", addr, keys)

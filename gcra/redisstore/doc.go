@@ -39,10 +39,18 @@
 // embstr), and it expires (PX) at gcra.State.Rested. The value reads back
 // exactly under any later schedule. A key costs 16 bytes more than a bare
 // `SET key <int> PX ttl` of the same key: 170 B against 154 B per 38-byte
-// key on Redis 7.0 (TestMemoryPerKey). A composite decision needs all its
-// keys in one slot (one non-empty Tag) on every kind of client, and fails
-// with ErrCrossSlot otherwise. A key that holds anything the script did not
-// write fails its own decision with ErrMalformedState and is left alone.
+// key on Redis 7.0 (TestMemoryPerKey). A key that holds anything the script
+// did not write fails its own decision with ErrMalformedState and is left
+// alone.
+//
+// A composite decision is one script call. On a Cluster (a
+// *redis.ClusterClient) that call runs on one node, so all its keys must
+// hash to one slot (one non-empty Tag), and it fails with ErrCrossSlot
+// otherwise, before anything is sent; a caller that knows it is on a Cluster
+// refuses such composites itself (region.Config.OneSlot, and
+// Policy.CheckOneSlot at load). A single node or Sentinel has no slots: a
+// composite of any keys, tagged or not, is decided there in one call,
+// atomically.
 //
 // # Upgrading from the packed format
 //
@@ -64,10 +72,17 @@
 //
 // # Batching
 //
-// Concurrent callers are coalesced into one script call per batch: keys map
-// to a lane by hash slot (on a Cluster, one lane per slot, so a batch never
-// crosses slots), and each lane has at most one call in flight, so one key's
-// decisions run in the order they were submitted, each atomically. A caller
+// Concurrent callers are coalesced into one script call per batch: a
+// decision goes to the lane of its first key's hash slot (on a Cluster, one
+// lane per slot, so a batch never crosses slots; on a single node or
+// Sentinel, Config.Lanes lanes by slot), and each lane has at most one call
+// in flight and runs its decisions in the order they queued, each
+// atomically. So a key's single decisions keep their order; on a single node
+// a composite whose keys map to different lanes runs in its first key's
+// lane, ordered with that key's decisions but not with the others' queued
+// at the same time (each decision is still atomic, and one answered before
+// another is submitted always ran first; with one lane, the agent's
+// default, everything keeps its order). A caller
 // that finds its lane idle sends its decision at once, on its own goroutine:
 // a lone caller pays nothing for batching. Callers that arrive while a call
 // is in flight queue, and the lane's runner goroutine sends them together,
@@ -85,11 +100,16 @@
 //
 // # Errors and time-outs
 //
-// Bad input is an error before anything is sent. Each call carries the
-// store's Timeout unless the caller's context ends sooner; the go-redis
-// client must set ContextTimeoutEnabled for a deadline to cut a blocked read
-// short. An error is never a denial: what to do when Redis fails is the
-// caller's failure policy.
+// Bad input is an error wrapping ErrBadInput (and the gcra error that
+// explains it) before anything is sent. Each call carries the store's
+// Timeout unless the caller's context ends sooner; the go-redis client must
+// set ContextTimeoutEnabled for a deadline to cut a blocked read short. An
+// error is never a denial: what to do when Redis fails is the caller's
+// failure policy. ErrCrossSlot, ErrBadInput and ErrMalformedState are about
+// the call or one key, with Redis healthy, and say so (a method
+// StoreHealthy() bool returning true), so that a circuit breaker does not
+// count them as Redis failing; time-outs, connection errors, Redis error
+// replies and ErrReply do count.
 //
 // # Tests
 //

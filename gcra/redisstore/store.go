@@ -26,23 +26,52 @@ type scripter interface {
 	redis.Scripter
 }
 
-// Errors.
+// Errors. ErrCrossSlot, ErrBadInput and ErrMalformedState are about the
+// call or one key's data, not about Redis: Redis answered, or was never
+// asked. They have a method StoreHealthy() bool that returns true, so a
+// caller's circuit breaker can tell them from Redis failing (region/agent's
+// counts none of them). ErrReply and the client's own errors (time-outs,
+// refused connections, Redis error replies) have no such method.
 var (
-	// ErrCrossSlot is returned for a composite check whose keys do not
-	// hash to one Redis Cluster slot; give them one Tag.
-	ErrCrossSlot = errors.New("redisstore: composite keys hash to different cluster slots (give them the same gcra.Key.Tag)")
+	// ErrCrossSlot is returned on a Cluster for a composite check whose
+	// keys do not hash to one slot; give them one Tag. Nothing is sent. A
+	// single node or Sentinel has no slots and decides any composite.
+	ErrCrossSlot error = &callError{"redisstore: composite keys hash to different cluster slots (give them the same gcra.Key.Tag)"}
+	// ErrBadInput is wrapped around every error for input the store refuses
+	// before sending anything (an invalid limit or schedule, a negative
+	// cost, a key listed twice, …); the gcra error it explains stays
+	// visible to errors.Is.
+	ErrBadInput error = &callError{"redisstore: bad input"}
 	// ErrReply is wrapped around any reply that does not have the shape
 	// the script returns.
 	ErrReply = errors.New("redisstore: unexpected reply from Redis")
 	// ErrMalformedState is returned when a key under the store's prefix
-	// holds something the script did not write. Nothing is decided.
-	ErrMalformedState = errors.New("redisstore: stored state is malformed")
+	// holds something the script did not write. Nothing is decided, and
+	// the key is left alone; other keys are unaffected.
+	ErrMalformedState error = &callError{"redisstore: stored state is malformed"}
 
 	// errNotDecided marks a composite's check that the script skipped
 	// because another check's state is malformed; that one's error is
 	// reported.
 	errNotDecided = errors.New("redisstore: not decided")
 )
+
+// callError is an error about a call or one key's data, with Redis
+// healthy.
+type callError struct{ msg string }
+
+func (e *callError) Error() string { return e.msg }
+
+// StoreHealthy reports that the error is not Redis failing: true.
+func (e *callError) StoreHealthy() bool { return true }
+
+// badInput wraps err, an input the store refuses, in ErrBadInput.
+func badInput(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrBadInput, err)
+}
 
 // Config configures a Store. DefaultConfig documents each default.
 type Config struct {
@@ -240,7 +269,7 @@ func (s *Store) Decide(ctx context.Context, k gcra.Key, sch gcra.Schedule, cost 
 func (s *Store) Reserve(ctx context.Context, k gcra.Key, sch gcra.Schedule, cost int64, maxWait time.Duration) (gcra.Result, error) {
 	mw, err := gcra.ValidateMaxWait(maxWait)
 	if err != nil {
-		return gcra.Result{}, err
+		return gcra.Result{}, badInput(err)
 	}
 	// The script picks the limit by the server's clock, so maxWait must fit
 	// the window of either limit the schedule names.
@@ -249,7 +278,7 @@ func (s *Store) Reserve(ctx context.Context, k gcra.Key, sch gcra.Schedule, cost
 		w = max(w, sch.Previous.Limit.Burst()*sch.Previous.Limit.IntervalMicros())
 	}
 	if mw > gcra.MaxWindowMicros-w {
-		return gcra.Result{}, gcra.ErrWaitTooLong
+		return gcra.Result{}, badInput(gcra.ErrWaitTooLong)
 	}
 	if s.cfg.WriteFormat == FormatPacked && mw > gcra.V1MaxWindow-min(w, gcra.V1MaxWindow) {
 		return gcra.Result{}, fmt.Errorf("%w: %s and window %s exceed the packed format's %s (redisstore.FormatPacked)",
@@ -263,17 +292,18 @@ func (s *Store) Reserve(ctx context.Context, k gcra.Key, sch gcra.Schedule, cost
 	return out[0], nil
 }
 
-// DecideAll implements gcra.Store. All keys must hash to one cluster slot
-// (share a Tag), on every kind of client, so a policy that works on one node
-// keeps working on a Cluster.
+// DecideAll implements gcra.Store: one script call, all or nothing. On a
+// Cluster all keys must hash to one slot (share a non-empty Tag), or it
+// fails with ErrCrossSlot; a single node or Sentinel decides any keys
+// together.
 func (s *Store) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra.Result) (gcra.Result, error) {
 	switch {
 	case len(checks) == 0:
-		return gcra.Result{}, gcra.ErrNoChecks
+		return gcra.Result{}, badInput(gcra.ErrNoChecks)
 	case len(checks) > gcra.MaxChecks:
-		return gcra.Result{}, gcra.ErrTooManyChecks
+		return gcra.Result{}, badInput(gcra.ErrTooManyChecks)
 	case len(out) != len(checks):
-		return gcra.Result{}, errors.New("redisstore: DecideAll: out must have len(checks) elements")
+		return gcra.Result{}, badInput(errors.New("DecideAll: out must have len(checks) elements"))
 	}
 	if err := s.run(ctx, opComposite, checks, 0, out); err != nil {
 		return gcra.Result{}, err
@@ -281,22 +311,23 @@ func (s *Store) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra.R
 	return gcra.Combine(out), nil
 }
 
-// validate checks every input of an op before anything is sent.
+// validate checks every input of an op before anything is sent; its error
+// wraps ErrBadInput.
 func validate(checks []gcra.Check) error {
 	for i := range checks {
 		c := &checks[i]
 		if err := c.Key.Validate(); err != nil {
-			return fmt.Errorf("redisstore: key %q: %w", c.Key.Name, err)
+			return badInput(fmt.Errorf("key %q: %w", c.Key.Name, err))
 		}
 		if c.Cost < 0 {
-			return gcra.ErrNegativeCost
+			return badInput(gcra.ErrNegativeCost)
 		}
 		if !c.Schedule.Valid() {
-			return fmt.Errorf("redisstore: key %q: %w", c.Key.Name, c.Schedule.Validate())
+			return badInput(fmt.Errorf("key %q: %w", c.Key.Name, c.Schedule.Validate()))
 		}
 		for j := range i {
 			if checks[j].Key == c.Key {
-				return fmt.Errorf("redisstore: key %q (tag %q) listed twice in one composite", c.Key.Name, c.Key.Tag)
+				return badInput(fmt.Errorf("key %q (tag %q) listed twice in one composite", c.Key.Name, c.Key.Tag))
 			}
 		}
 	}

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 
@@ -19,20 +18,6 @@ func TestNewRefusesRing(t *testing.T) {
 	}
 	if _, err := New(nil, DefaultConfig()); err == nil {
 		t.Fatal("New(nil) succeeded")
-	}
-}
-
-func TestCrossSlotUntaggedMessage(t *testing.T) {
-	s, _ := newTestStore(t)
-	lim := gcra.Steady(gcra.PerSecond(10, 10))
-	checks := []gcra.Check{
-		{Key: gcra.Key{Name: "tenant-a"}, Schedule: lim, Cost: 1},
-		{Key: gcra.Key{Name: "user-7"}, Schedule: lim, Cost: 1},
-	}
-	_, err := s.DecideAll(context.Background(), checks, make([]gcra.Result, 2))
-	if !errors.Is(err, ErrCrossSlot) || !strings.Contains(err.Error(), "empty Tag hashes by its whole name") ||
-		!strings.Contains(err.Error(), `"tenant-a"`) {
-		t.Fatalf("err = %v, want ErrCrossSlot explaining untagged keys and naming them", err)
 	}
 }
 

@@ -105,6 +105,9 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.CheckPolicy(node.Policy()); err != nil {
+		return nil, err
+	}
 	if log == nil {
 		log = slog.Default()
 	}
@@ -268,6 +271,9 @@ func (a *Agent) Reload() error {
 	if err == nil {
 		var p *region.Policy
 		if p, err = region.ParsePolicy(data); err == nil {
+			err = a.cfg.CheckPolicy(p)
+		}
+		if err == nil {
 			a.policyAt = st
 			if p.Version() != a.node.Policy().Version() {
 				a.bindLimits(p)

@@ -101,14 +101,45 @@ func (b *Breaker) allow() bool {
 	return true
 }
 
-// done records a call's outcome. A call that ended because its caller gave
-// up (the context), or that the store refused as bad input, says nothing
-// about the store's health: it neither opens nor closes the breaker.
+// storeHealthy is implemented by store errors that are about the call or
+// one key's data while the store itself answers (or was never asked):
+// gcra/redisstore's ErrCrossSlot, ErrBadInput and ErrMalformedState.
+type storeHealthy interface {
+	error
+	StoreHealthy() bool
+}
+
+// gcraInputErrors are the gcra errors for input a store refuses before
+// deciding anything.
+var gcraInputErrors = []error{gcra.ErrInvalidLimit, gcra.ErrKeyTooLong, gcra.ErrEmptyKey, gcra.ErrNegativeCost,
+	gcra.ErrNegativeWait, gcra.ErrWaitTooLong, gcra.ErrNoChecks, gcra.ErrTooManyChecks, gcra.ErrBadTime}
+
+// notFailure reports whether a call's error says nothing about the store's
+// health: its caller gave up (the context), the store refused the input,
+// or it answered about one key's data (a malformed state is that key's
+// problem; opening the breaker for it would fail every other key and
+// domain). Such errors still go to the limits' failure modes.
+func notFailure(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	if h, ok := errors.AsType[storeHealthy](err); ok && h.StoreHealthy() {
+		return true
+	}
+	for _, e := range gcraInputErrors {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// done records a call's outcome. An error that says nothing about the
+// store's health (notFailure) neither opens nor closes the breaker.
 func (b *Breaker) done(ctx context.Context, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err != nil && (ctx.Err() != nil || errors.Is(err, gcra.ErrInvalidLimit) || errors.Is(err, gcra.ErrKeyTooLong) ||
-		errors.Is(err, gcra.ErrEmptyKey) || errors.Is(err, gcra.ErrNegativeCost) || errors.Is(err, gcra.ErrTooManyChecks)) {
+	if err != nil && notFailure(ctx, err) {
 		b.probing = false
 		return
 	}

@@ -1,6 +1,10 @@
 package agent
 
-import "time"
+import (
+	"time"
+
+	"github.com/meridian-quota/meridian/rebalance"
+)
 
 // ClusterConfig joins the agent to its cluster: NATS for reports, acks and
 // tables, memberlist for liveness, and the coordinator election. The
@@ -75,6 +79,15 @@ type ClusterCoordinatorConfig struct {
 	// ElectionTTL: a silent coordinator is replaced this long after its
 	// last renewal (default 3s).
 	ElectionTTL Duration `yaml:"election_ttl"`
+}
+
+// fence is the coordinator's Fence: the configured one, else
+// rebalance.DefaultConfig's.
+func (c *ClusterConfig) fence() time.Duration {
+	if c.Coordinator.Fence > 0 {
+		return c.Coordinator.Fence.D()
+	}
+	return rebalance.DefaultConfig().Fence
 }
 
 // Enabled reports whether the agent joins a cluster.

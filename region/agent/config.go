@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/meridian-quota/meridian/rebalance"
 	"github.com/meridian-quota/meridian/region"
 )
 
@@ -59,6 +60,13 @@ type Config struct {
 	// Cluster joins the agent to its cluster (NATS, memberlist, the
 	// coordinator); absent, the agent runs standalone.
 	Cluster ClusterConfig `yaml:"cluster"`
+	// ReserveMaxWait is the booking horizon: the longest POST /v1/reserve
+	// may book ahead (max_wait_ms above it is refused) and the node's
+	// region.Config.MaxReserveWait. In a cluster it must not exceed
+	// cluster.coordinator.fence: a booking acts when its wait ends, and
+	// the fence is all that separates a cut share from the increase it
+	// pays for (ARCHITECTURE.md invariant 4).
+	ReserveMaxWait Duration `yaml:"reserve_max_wait"`
 }
 
 // AuthConfig lists the bearer tokens callers must present
@@ -73,7 +81,16 @@ type AuthConfig struct {
 
 // RedisConfig is the region's Redis.
 type RedisConfig struct {
-	Addr    string   `yaml:"addr"`
+	// Addr is the server (with Cluster: any node, the client finds the
+	// rest).
+	Addr string `yaml:"addr"`
+	// Cluster says Addr is a Redis Cluster node. There one script call runs
+	// on one node, so a request's limits must share a slot: a policy whose
+	// domain without hash_tag lets one request combine limits is refused
+	// at load (region.Policy.CheckOneSlot), and the node refuses a request
+	// whose keys still cannot (region.Config.OneSlot). A single node (the
+	// default) decides any composite.
+	Cluster bool     `yaml:"cluster"`
 	Prefix  string   `yaml:"prefix"`
 	Timeout Duration `yaml:"timeout"`
 	// Lanes is redisstore.Config.Lanes: how many batched script calls the
@@ -99,6 +116,9 @@ func DefaultConfig() Config {
 		Breaker: BreakerConfig{Failures: 5, Cooldown: Duration(time.Second)},
 		// One decision in a hundred traced: enough to see latency, cheap.
 		Tracing: TracingConfig{Sample: 0.01},
+		// The coordinator's default fence: the longest a booking may wait
+		// and still act before an increase it could overlap.
+		ReserveMaxWait: Duration(rebalance.DefaultConfig().Fence),
 		Redis: RedisConfig{
 			Addr:    "127.0.0.1:6379",
 			Prefix:  "meridian:",
@@ -213,7 +233,40 @@ func (c *Config) Validate() error {
 	if c.ReloadEvery < 0 {
 		bad("reload_every", "%s: must not be negative", time.Duration(c.ReloadEvery))
 	}
+	if w := c.ReserveMaxWait.D(); w < 0 || w > maxReserveWait {
+		bad("reserve_max_wait", "%s: must be in [0s, %s]", w, maxReserveWait)
+	} else if f := c.Cluster.fence(); c.Cluster.Enabled() && w > f {
+		bad("reserve_max_wait", "%s: above cluster.coordinator.fence (%s): a booking would act after the increase the fence holds back; lower it or raise the fence", w, f)
+	}
 	c.Cluster.validate(bad)
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}
+
+// CheckPolicy reports every problem with running policy p under c, with
+// the limits' paths: on a Redis Cluster (redis.cluster), a domain whose
+// limits one request can combine without a hash tag; in a cluster of
+// agents, a limit whose lease.ttl exceeds cluster.coordinator.fence (leased
+// units are booked future too, ARCHITECTURE.md invariant 4). New checks the
+// node's policy and Reload every policy it loads.
+func (c *Config) CheckPolicy(p *region.Policy) error {
+	var errs []error
+	if c.Redis.Cluster {
+		if err := p.CheckOneSlot(); err != nil {
+			errs = append(errs, fmt.Errorf("policy (redis.cluster): %w", err))
+		}
+	}
+	if c.Cluster.Enabled() {
+		f := c.Cluster.fence()
+		for _, r := range p.Rules() {
+			if r.LeaseUnits > 0 && r.LeaseTTL > f {
+				errs = append(errs, fmt.Errorf("policy: %s: lease.ttl %s above cluster.coordinator.fence (%s): leased units would be served after the increase the fence holds back",
+					r.Path, r.LeaseTTL, f))
+			}
+		}
+	}
 	if len(errs) == 0 {
 		return nil
 	}

@@ -23,6 +23,16 @@
 //	a, _ := agent.New(*cfg, node, log, br.Collectors()...)
 //	err := a.Run(ctx, grpcListener, httpListener) // until ctx ends, then drains
 //
+// redis.cluster says the region's Redis is a Cluster: cmd then uses a
+// ClusterClient and sets region.Config.OneSlot, New and Reload refuse a
+// policy in which one request can combine limits of a domain without
+// hash_tag (their keys cannot share a slot), naming the limits, and cmd
+// refuses to start when Redis answers as the other kind. On a single node
+// any composite is decided. The breaker counts only errors that say Redis
+// is failing: a store error that reports StoreHealthy() (redisstore's
+// cross-slot, bad-input and malformed-state errors) or a gcra input error
+// goes to the limits' failure modes without opening it.
+//
 // Run serves both listeners (TLS or mutual TLS when configured), ticks the
 // node every 100 ms (demand reports, lease lapses), reloads the policy when
 // its file changes or RequestReload is called (SIGHUP in cmd), and logs
@@ -36,6 +46,15 @@
 // /v1/keys/{key}, /healthz, /readyz, /metrics. With bearer tokens
 // configured, RLS and /v1/* require "authorization: Bearer <token>"; health
 // and metrics stay open. The JSON types live in region/agent/api.
+//
+// POST /v1/reserve books at most reserve_max_wait ahead (default 2 s, the
+// coordinator's default fence; a larger max_wait_ms is a 400), and the node
+// books no further than that or the lease left. In a cluster the
+// configuration refuses a reserve_max_wait, and New and Reload a policy
+// lease.ttl, above cluster.coordinator.fence: booked future must act before
+// the increase the fence holds back (ARCHITECTURE.md invariant 4; see
+// package region, "Booked future"). cmd passes reserve_max_wait to the node
+// as region.Config.MaxReserveWait.
 //
 // # Concurrency
 //

@@ -3,6 +3,7 @@ package agent
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -11,8 +12,8 @@ import (
 	"github.com/meridian-quota/meridian/region"
 )
 
-// maxReserveWait caps max_wait_ms (gcra's window cap is far beyond any
-// sensible wait).
+// maxReserveWait caps reserve_max_wait (gcra's window cap is far beyond
+// any sensible wait).
 const maxReserveWait = time.Hour
 
 func (a *Agent) handleReserve(rw http.ResponseWriter, r *http.Request) {
@@ -21,8 +22,8 @@ func (a *Agent) handleReserve(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wait := time.Duration(in.MaxWaitMs * float64(time.Millisecond))
-	if in.MaxWaitMs < 0 || wait > maxReserveWait {
-		a.badHTTP(rw, "reserve: max_wait_ms must be in [0, 3600000]")
+	if bound := a.cfg.ReserveMaxWait.D(); !(in.MaxWaitMs >= 0) || wait > bound {
+		a.badHTTP(rw, fmt.Sprintf("reserve: max_wait_ms must be in [0, %d] (the agent's reserve_max_wait)", bound.Milliseconds()))
 		return
 	}
 	w := a.pool.Get().(*work)
