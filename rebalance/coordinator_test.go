@@ -879,6 +879,18 @@ func TestConfigAndBudgetErrors(t *testing.T) {
 	if err := short.Validate(); err == nil || !strings.Contains(err.Error(), "lapses between two tables") {
 		t.Errorf("a lease of Interval + Fence + MaxSkew: Validate = %v, want it refused", err)
 	}
+	// Fails on 2023668: Validate accepted Fence 0 (and any Fence below
+	// twice MaxSkew).
+	for _, fence := range []time.Duration{0, 2*short.MaxSkew - time.Microsecond} {
+		cfg := unitConfig("a", "b")
+		cfg.Fence = fence
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "2·MaxSkew") {
+			t.Errorf("Fence %s with MaxSkew %s: Validate = %v, want it refused", fence, cfg.MaxSkew, err)
+		}
+	}
+	if def := DefaultConfig("a"); def.Validate() != nil || def.Fence < 2*def.MaxSkew {
+		t.Errorf("DefaultConfig: Fence %s, MaxSkew %s: %v", def.Fence, def.MaxSkew, def.Validate())
+	}
 	cfg := unitConfig("a", "b")
 	tests := []struct {
 		name string

@@ -153,7 +153,11 @@
 // increase may wait up to another Fence + MaxSkew. An agent that never
 // acknowledges delays the increase to its region's previous lease plus
 // MaxSkew. Lease must exceed Δ + Fence + MaxSkew, or leases would lapse
-// between a healthy coordinator's tables.
+// between a healthy coordinator's tables, and Fence must be at least
+// 2·MaxSkew: then, on the stores' own clocks, an increase starts after the
+// decrease it pays for even when the store that increases runs MaxSkew
+// ahead of the coordinator and the one that decreases MaxSkew behind
+// (Config.Validate refuses both).
 //
 // A coordinator acts under a term, the fencing number its election gives.
 // StartTerm hands it the newest stored table: it republishes those shares

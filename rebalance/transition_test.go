@@ -39,7 +39,7 @@ func worldConfig(regions ...string) Config {
 	cfg.Interval = 100 * time.Millisecond
 	cfg.Lease = 500 * time.Millisecond
 	cfg.MaxSkew = 20 * time.Millisecond
-	cfg.Fence = 30 * time.Millisecond
+	cfg.Fence = 40 * time.Millisecond // 2·MaxSkew
 	cfg.Hysteresis = 2_000
 	cfg.StaleAfter = 3
 	return cfg
@@ -558,7 +558,7 @@ func randomWorld(tb testing.TB, seed uint64, agentCuts bool) (*world, int64) {
 	cfg := worldConfig(regions...)
 	cfg.Lease = time.Duration(3+rng.IntN(5)) * cfg.Interval
 	cfg.MaxSkew = time.Duration(rng.IntN(41)) * time.Millisecond
-	cfg.Fence = time.Duration(rng.IntN(60)) * time.Millisecond
+	cfg.Fence = 2*cfg.MaxSkew + time.Duration(rng.IntN(60))*time.Millisecond
 	cfg.StaleAfter = 1 + rng.IntN(4)
 	agents := make([]int, len(regions))
 	for i := range agents {

@@ -73,6 +73,13 @@
 // table runs at the safe share; a key whose budget in the table differs from
 // the policy (a rollout in progress) runs at min(table share, safe share).
 //
+// InForce (what reports and acknowledgements name) is the newest table
+// surely in force on the store: one whose effective time plus MaxSkew has
+// passed on the node's clock. Until the newest table qualifies, it is the
+// table that one superseded once that qualifies (it runs until the newer
+// one takes effect), else the one that qualified when the newest arrived;
+// never a table before its effective time plus MaxSkew.
+//
 // # Failure and shadow
 //
 // When the store fails, the enforced limits' failure modes decide: any

@@ -195,10 +195,16 @@ type snapshot struct {
 	term     uint64
 	epoch    uint64
 	issued   int64 // the table's Issued (µs, the coordinator's clock)
-	// effective is the table's effective time; until it passes, reports
-	// name the table in force before it (prevTerm, prevEpoch).
+	// effective is the table's effective time. Until it plus MaxSkew has
+	// passed on the node's clock, InForce names the table before it when
+	// that one is surely in force by then (mid: the superseded table,
+	// from midEffective plus MaxSkew on), or else the one that was surely
+	// in force when this table was applied (prev).
 	effective           int64
 	prevTerm, prevEpoch uint64
+	hasMid              bool
+	midTerm, midEpoch   uint64
+	midEffective        int64
 	lapsed              bool
 	rows                rowSet
 }

@@ -105,12 +105,16 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 		}
 	}
 	n.leaseExpiry.Store(t.Leases[r])
-	prevTerm, prevEpoch := old.term, old.epoch
-	if old.hasTable && now < old.effective {
-		prevTerm, prevEpoch = old.prevTerm, old.prevEpoch // the old table never came into force
+	// Until t is surely in force, InForce names what is surely in force
+	// now, and the superseded table once it is: it runs on the store from
+	// its effective time until t's, unless t takes effect first.
+	s := &snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
+		issued: t.Issued, effective: t.Effective, rows: rs}
+	s.prevTerm, s.prevEpoch = n.inForce(old, now)
+	if old.hasTable && (s.prevTerm != old.term || s.prevEpoch != old.epoch) && old.effective <= t.Effective {
+		s.hasMid, s.midTerm, s.midEpoch, s.midEffective = true, old.term, old.epoch, old.effective
 	}
-	n.publish(&snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
-		issued: t.Issued, effective: t.Effective, prevTerm: prevTerm, prevEpoch: prevEpoch, rows: rs})
+	n.publish(s)
 	if now >= n.leaseExpiry.Load() {
 		n.lapse(now)
 	}
@@ -223,19 +227,30 @@ func (n *Node) lapse(now int64) {
 	n.publish(&s)
 }
 
-// InForce returns the table in force at now (µs): the newest applied one
-// whose effective time has passed, else the one before it (0, 0 for
-// none). Reports carry it, and an agent acknowledges it to the coordinator.
-// Call it on the Tick/Apply goroutine.
+// InForce returns the newest table surely in force on the store at now
+// (µs on the node's clock): one whose effective time plus MaxSkew has
+// passed, since the store switches on its own clock (Redis TIME), which may
+// lag the node's by MaxSkew. That is the newest applied table once its
+// effective time plus MaxSkew has passed; before then the table it
+// superseded, once that one's effective time plus MaxSkew has passed (it
+// runs on the store until the newer one takes effect); else the table
+// surely in force when the newest was applied (0, 0 for none). So an
+// acknowledgement never names a table before its effective time plus
+// MaxSkew. Reports carry it, and an agent acknowledges it to the
+// coordinator. Call it on the Tick/Apply goroutine.
 func (n *Node) InForce(now int64) (term, epoch uint64) {
-	s := n.snap.Load()
-	// The store switches on its own clock (Redis TIME): only once the
-	// effective time has passed by more than the skew allowed is the table
-	// surely in force there.
-	if now < s.effective+n.cfg.MaxSkew.Microseconds() {
-		return s.prevTerm, s.prevEpoch
+	return n.inForce(n.snap.Load(), now)
+}
+
+func (n *Node) inForce(s *snapshot, now int64) (term, epoch uint64) {
+	skew := n.cfg.MaxSkew.Microseconds()
+	switch {
+	case now >= s.effective+skew:
+		return s.term, s.epoch
+	case s.hasMid && now >= s.midEffective+skew:
+		return s.midTerm, s.midEpoch
 	}
-	return s.term, s.epoch
+	return s.prevTerm, s.prevEpoch
 }
 
 // Tick closes the report interval if now (µs) has left it and returns this
