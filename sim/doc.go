@@ -6,7 +6,9 @@
 // pair one-way latency with jitter and loss, partitions, region loss,
 // coordinator failover, Redis outages (exercising the failure modes) and
 // clock skew. Nothing here decides, shares, leases or rebalances on its
-// own.
+// own. A region's skewed clock is its store's clock and its agents' wall
+// clock; each agent's time comes from it through a region.Clock, exactly
+// as the agent shell's comes from the host's wall clock.
 //
 // The yardstick is the oracle: one GCRA with each key's full budget seeing
 // every request at its arrival time. Metrics follow ARCHITECTURE.md ("The
