@@ -250,7 +250,7 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 			if o, ok := c.kidx[b.Key]; ok && old != nil && c.budgets[o].Limit == b.Limit {
 				copy(out[i*n:(i+1)*n], old[o*n:(o+1)*n])
 			} else {
-				splitRow(b.Limit, shares[i*n:(i+1)*n], out[i*n:(i+1)*n])
+				splitRow(b.Limit, shares[i*n:(i+1)*n], c.safe, out[i*n:(i+1)*n])
 			}
 		}
 		return out
@@ -399,7 +399,7 @@ func (c *Coordinator) adopt(t *Table) {
 				}
 			}
 		} else {
-			splitRow(c.budgets[k].Limit, row, brow)
+			splitRow(c.budgets[k].Limit, row, c.safe, brow)
 		}
 		c.version[k] = ks.Version
 	}

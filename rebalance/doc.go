@@ -13,11 +13,19 @@
 // must allow, goes above). A region's limit follows from the global limit's
 // rounded T, never from the configured rate: T_r = ceil(T·10⁶/s_r), so
 // Σ 1/T_r ≤ 1/T (RegionalLimit). The global burst is split in proportion to
-// the shares by largest remainder, so the bursts never sum above it; a
-// region with demand and a share keeps a burst of at least 1 unless the
-// global burst is smaller than the number of such regions, in which case
-// the regions with the largest shares get one unit each and the others 0
-// (they deny until the burst or their share grows) (SplitBurst, Derive).
+// the shares by largest remainder, so the bursts never sum above it; then,
+// as shares never fall below the safe shares, no region's burst falls below
+// its safe burst — what it runs at its safe share, cold, lapsed, unnamed by
+// its table or for a key no table names (SafeLimit, SafeBurst: 1 +
+// floor((B − n)·safe_r/10⁶) of a burst B with a unit for each of n regions,
+// else floor(B·safe_r/10⁶), so the safe bursts alone never sum above B
+// whatever the floors); and a region with demand and a share keeps a burst
+// of at least 1 unless the global burst is smaller than the number of such
+// regions, in which case the regions with the largest shares get one unit
+// each and the others 0 (they deny until the burst or their share grows)
+// (SplitBurst, Derive). So Σ over regions of the burst each may run — the
+// table's, or its safe burst where it runs its safe share — never exceeds
+// the global burst.
 //
 // # Strategies
 //

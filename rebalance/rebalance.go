@@ -111,7 +111,7 @@ func (c *Coordinator) rebalance(now int64) {
 	// a falling burst is a decrease too.
 	desiredB := make([]int64, K*n)
 	for k := range K {
-		splitRow(c.budgets[k].Limit, desired[k*n:(k+1)*n], desiredB[k*n:(k+1)*n])
+		splitRow(c.budgets[k].Limit, desired[k*n:(k+1)*n], c.safe, desiredB[k*n:(k+1)*n])
 	}
 	if !decrease {
 		for i := range desiredB {

@@ -72,6 +72,11 @@
 // reduces every key to min(last share, safe share); a key missing from the
 // table runs at the safe share; a key whose budget in the table differs from
 // the policy (a rollout in progress) runs at min(table share, safe share).
+// The safe share's limit is SafeLimit: T_r from the safe share and the safe
+// burst rebalance.SafeBurst, which sums to at most the global burst over
+// all regions whatever their floors; every table gives each region at
+// least its safe burst, so a region running its safe share never holds
+// more burst than the table gives it.
 //
 // InForce (what reports and acknowledgements name) is the newest table
 // surely in force on the store: one whose effective time plus MaxSkew has
