@@ -58,7 +58,7 @@ func settle(t *testing.T, c *Coordinator, now int64) []*Table {
 	t.Helper()
 	var out []*Table
 	for i := 0; c.transition && i < 3; i++ {
-		if i > 0 && len(c.waitFor) == 0 {
+		if i > 0 && !c.witnessed {
 			now = max(now, c.decreased+int64(c.cfg.MaxSkew/time.Microsecond))
 		}
 		tb := c.Latest()

@@ -143,10 +143,21 @@
 // its lease plus MaxSkew has passed and then only its floor, and skips
 // changes below the hysteresis. Shares change break before make: a table
 // with every share that falls (and none that rises) goes out at once; the
-// table with the rises follows only when every agent the previous table
-// named in a region that lost share has acknowledged the decrease in force,
-// or that region's lease plus MaxSkew has passed, and it takes effect at
-// least Fence after the decrease. So at any instant, whatever mix of tables
+// table with the rises follows only when every agent that may run a
+// region's old share has acknowledged the decrease in force, or that
+// region's lease plus MaxSkew has passed, and it takes effect at least
+// Fence after the decrease. The agents that may run a region's old share
+// are those the previous table named and those an earlier table named, each
+// until the lease of its region in the last table naming it plus MaxSkew
+// (it may hold that table, and a table naming it lets it run the table's
+// shares until that lease). A table names the live members, the agents with
+// a fresh report, and every agent an earlier table named while that agent
+// was live, until the lease then plus MaxSkew; an agent no table names runs
+// at min(last share, safe share) (region.Node applies such a table
+// reduced), so it needs no wait. A decrease with no agent to hear from in
+// any region that loses share (a fresh cluster's regions before any agent
+// is named) is in force once its effective time plus MaxSkew has passed.
+// So at any instant, whatever mix of tables
 // the regions run, no key's shares in force sum above PPM. With agents that
 // acknowledge a table as soon as it is in force (MaxSkew after its
 // effective time, by their clocks), a shift of demand is reflected within
@@ -171,6 +182,16 @@
 // StartTerm hands it the newest stored table: it republishes those shares
 // under the new term (learning mode) until every agent that table named has
 // acknowledged, or one lease plus MaxSkew has passed, and only then
-// rebalances — a failover never resets shares. Tables are ordered by
+// rebalances — a failover never resets shares. The new term starts from
+// the stored table's agents and leases: it names the agents the stored table
+// named until their region's stored lease plus MaxSkew and waits for them as
+// for agents it named itself, and a decrease of a region the stored table
+// names no agent in waits for that region's stored lease plus MaxSkew (an
+// agent an older table named may still run it). The shell tells it the
+// live members (MemberChange) before StartTerm, so that the term's first
+// table names them too. What the new term cannot know is an agent that an
+// older table named but the stored one no longer does, in a region the
+// stored table names other agents in: it may still run that older table
+// until its lease, which is at most the stored one. Tables are ordered by
 // (Term, Epoch); an agent refuses anything older than what it holds.
 package rebalance

@@ -72,6 +72,21 @@
 // reduces every key to min(last share, safe share); a key missing from the
 // table runs at the safe share; a key whose budget in the table differs from
 // the policy (a rollout in progress) runs at min(table share, safe share).
+// A table that does not name this agent (Agents[r] lacks Config.Agent)
+// is applied reduced, exactly as after a lapse: every key runs at min(last
+// share, safe share) — a key the table gives a new version v runs it from
+// its effective time in slot 4v+5, never at the table's share — until a
+// later table names the agent and restores the shares (the coordinator
+// waits for no acknowledgement from an agent its tables do not name). The
+// agents of a region share the store, and a region's agents may then run
+// one version in different slots (4v+4 named, 4v+5 unnamed); every slot
+// means one limit in every agent (the table's, or min(last, safe)), and a
+// state written in one slot is read in another either as stored (written
+// under a newer slot: never converted back) or as older than the reader's
+// previous change (empty at that change). The region's rate stays within
+// the largest rate its agents run; a burst that mixes both slots on one
+// stored state can exceed the table's burst, by less than the safe burst,
+// only when the safe limit's window (burst × interval) is the longer one.
 // The safe share's limit is SafeLimit: T_r from the safe share and the safe
 // burst rebalance.SafeBurst, which sums to at most the global burst over
 // all regions whatever their floors; every table gives each region at

@@ -206,6 +206,7 @@ type snapshot struct {
 	midTerm, midEpoch   uint64
 	midEffective        int64
 	lapsed              bool
+	named               bool // the table names this agent in its region
 	rows                rowSet
 }
 

@@ -23,7 +23,11 @@ type TableState struct {
 	// Lapsed is set once the lease passed with no newer table: every key
 	// runs at min(last share, safe share).
 	Lapsed bool
-	Keys   int
+	// Named says whether the table names this agent in its region
+	// (Table.Agents); an agent it does not name runs every key at
+	// min(last share, safe share), as after a lapse. False without a table.
+	Named bool
+	Keys  int
 }
 
 // Table returns the state of the table in force. Call it on the
@@ -31,7 +35,7 @@ type TableState struct {
 func (n *Node) Table() TableState {
 	s := n.snap.Load()
 	return TableState{HasTable: s.hasTable, Term: s.term, Epoch: s.epoch, Issued: s.issued, LeaseExpiry: n.leaseExpiry.Load(),
-		Lapsed: s.lapsed, Keys: len(s.rows.rows)}
+		Lapsed: s.lapsed, Named: s.named, Keys: len(s.rows.rows)}
 }
 
 // Apply puts table t in force from now (µs): tables older than the one in
@@ -41,7 +45,15 @@ func (n *Node) Table() TableState {
 // "limit changes keep tokens"), so decreases and increases happen when the
 // coordinator scheduled them. The lease for this region runs until
 // t.Leases[r] (an instant on the coordinator's clock); Tick reduces every
-// key to min(last share, safe share) once it passes. Apply runs on the
+// key to min(last share, safe share) once it passes. A table that does not
+// name this agent in its region (t.Agents[r]) is applied reduced: every key
+// runs at min(last share, safe share) — a key the table gives a new version
+// from its effective time, in the version's reduced epoch slot, never at
+// the table's share; a key whose version is unchanged from the earlier of
+// now and the effective time — and a later table that names the agent
+// restores the table's shares from max(its effective time, now), as after
+// a lapse. The coordinator waits for no acknowledgement from an agent its
+// tables do not name, so this is what makes that safe. Apply runs on the
 // Tick goroutine.
 func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	if t == nil {
@@ -58,14 +70,23 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	if err := n.checkTable(t, r, now); err != nil {
 		return err
 	}
+	named := r < len(t.Agents) && slices.Contains(t.Agents[r], n.cfg.Agent)
 	var rs rowSet
 	var limits []gcra.Limit
 	next := func(ks *rebalance.KeyShares, o *row) *row {
-		if o != nil && ks.Version == o.version && ks.Budget == o.budget && (o.sub%2 == 0 || o.sub == 3) {
-			return o // unchanged: shared, and no limits to derive
+		same := o != nil && ks.Version == o.version && ks.Budget == o.budget
+		if named {
+			if same && (o.sub%2 == 0 || o.sub == 3) {
+				return o // unchanged: shared, and no limits to derive
+			}
+			limits = ks.Limits(limits)
+			return n.transition(o, ks, limits[r], t.Effective, now)
+		}
+		if same && o.sub%2 == 1 {
+			return o // already reduced
 		}
 		limits = ks.Limits(limits)
-		return n.transition(o, ks, limits[r], t.Effective, now)
+		return n.unnamed(o, ks, limits[r], t.Effective, now)
 	}
 	if same := len(t.Keys) == len(old.rows.names); same && func() bool {
 		for i := range t.Keys {
@@ -109,7 +130,7 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	// now, and the superseded table once it is: it runs on the store from
 	// its effective time until t's, unless t takes effect first.
 	s := &snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
-		issued: t.Issued, effective: t.Effective, rows: rs}
+		issued: t.Issued, effective: t.Effective, named: named, rows: rs}
 	s.prevTerm, s.prevEpoch = n.inForce(old, now)
 	if old.hasTable && (s.prevTerm != old.term || s.prevEpoch != old.epoch) && old.effective <= t.Effective {
 		s.hasMid, s.midTerm, s.midEpoch, s.midEffective = true, old.term, old.epoch, old.effective
@@ -189,6 +210,47 @@ func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 		nr.sched = gcra.Change(inForceAt(&o.sched, eff), gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
 	}
 	return nr
+}
+
+// unnamed is a key's row after a table that does not name this agent gives
+// it limit lim (version ks.Version) from eff on, given its row o (nil: none
+// yet): the key runs reduced, never at lim. A new version goes straight
+// into its first reduced epoch slot, 4v+5, at eff, with min(the limit in
+// force before it, the safe limit, lim); the agents of the region that the
+// table names run the same version in slot 4v+4, so a state one of them
+// writes is read by the other as newer than its own slot (kept as stored)
+// or as older than its previous change (empty at that change): never with
+// more tokens than either limit gives. An unchanged version (or a version
+// that went backwards, kept as transition keeps it) is reduced in its next
+// slot from the earlier of now and eff, as a lapse reduces it.
+func (n *Node) unnamed(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, now int64) *row {
+	v := ks.Version
+	safe := SafeLimit(ks.Budget, n.safe, len(n.cfg.Regions))
+	if o != nil && v <= o.version {
+		if v < o.version {
+			n.regressions.Add(1)
+			ks = nil // keep o's budget
+		}
+		nr := *o
+		if o.sub%2 == 0 {
+			nr = n.reduce(o, max(o.sched.Current.Effective, min(now, eff)))
+		}
+		if ks != nil {
+			nr.budget = ks.Budget
+		}
+		return &nr
+	}
+	prev := gcra.Version{Limit: safe, Epoch: coldEpoch}
+	if o != nil {
+		// What runs until eff: never a change still pending now.
+		prev = inForceAt(&o.sched, min(now, eff))
+		if o.sched.Current.Effective > now {
+			lim = minLimit(lim, o.sched.Current.Limit)
+		}
+	}
+	red := minLimit(minLimit(prev.Limit, safe), lim)
+	return &row{version: v, sub: 1, budget: ks.Budget,
+		sched: gcra.Change(prev, gcra.Version{Limit: red, Epoch: epochOf(v, 1), Effective: max(eff, prev.Effective)})}
 }
 
 // reduce is o run at min(last limit, safe limit) from now on, in the next

@@ -467,14 +467,16 @@ func (r *Run) startCoordinator(now int64) error {
 	}
 	c.SetPolicyVersion(r.policy.Version())
 	r.term++
-	if err := c.StartTerm(r.term, r.stored, now); err != nil {
-		return err
-	}
-	r.coord, r.coordUp = c, true
-	r.members = nil
+	// Membership before the term starts, as the shell does: the term's
+	// first table names the live agents.
+	r.coord, r.members = c, nil
 	if err := r.membership(); err != nil {
 		return err
 	}
+	if err := c.StartTerm(r.term, r.stored, now); err != nil {
+		return err
+	}
+	r.coordUp = true
 	r.publish()
 	return nil
 }
