@@ -198,16 +198,16 @@ func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 	switch {
 	case o == nil:
 		prev := gcra.Version{Limit: SafeLimit(ks.Budget, n.safe, len(n.cfg.Regions)), Epoch: coldEpoch}
-		nr.sched = gcra.Change(prev, gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
+		nr.sched = change(prev, gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
 	case v == o.version && (o.sub%2 == 0 || o.sub == 3):
 		nr.sub, nr.sched = o.sub, o.sched // the budget changed under the same version: keep the limits
 	case v == o.version:
 		// Restore after a lapse: a new epoch slot within the version.
 		nr.sub = o.sub + 1
 		at := max(eff, now)
-		nr.sched = gcra.Change(inForceAt(&o.sched, at), gcra.Version{Limit: lim, Epoch: epochOf(v, nr.sub), Effective: at})
+		nr.sched = change(inForceAt(&o.sched, at), gcra.Version{Limit: lim, Epoch: epochOf(v, nr.sub), Effective: at})
 	default:
-		nr.sched = gcra.Change(inForceAt(&o.sched, eff), gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
+		nr.sched = change(inForceAt(&o.sched, eff), gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
 	}
 	return nr
 }
@@ -250,7 +250,18 @@ func (n *Node) unnamed(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, now
 	}
 	red := minLimit(minLimit(prev.Limit, safe), lim)
 	return &row{version: v, sub: 1, budget: ks.Budget,
-		sched: gcra.Change(prev, gcra.Version{Limit: red, Epoch: epochOf(v, 1), Effective: max(eff, prev.Effective)})}
+		sched: change(prev, gcra.Version{Limit: red, Epoch: epochOf(v, 1), Effective: eff})}
+}
+
+// change is the schedule switching from prev to cur, never before prev
+// took effect: a table can arrive after a change it predates (a lease
+// lapsed, or shares were restored, after the table's effective time), and
+// a schedule whose current version takes effect before its previous one is
+// one no store accepts. The store keeps running prev until then, as the
+// node's earlier schedule had it do.
+func change(prev, cur gcra.Version) gcra.Schedule {
+	cur.Effective = max(cur.Effective, prev.Effective)
+	return gcra.Change(prev, cur)
 }
 
 // reduce is o run at min(last limit, safe limit) from now on, in the next
@@ -267,7 +278,7 @@ func (n *Node) reduce(o *row, now int64) row {
 		// A pending change: never more than it grants either.
 		lim = minLimit(lim, o.sched.Current.Limit)
 	}
-	nr.sched = gcra.Change(last, gcra.Version{Limit: lim, Epoch: epochOf(o.version, nr.sub), Effective: now})
+	nr.sched = change(last, gcra.Version{Limit: lim, Epoch: epochOf(o.version, nr.sub), Effective: now})
 	return nr
 }
 
@@ -287,6 +298,17 @@ func (n *Node) lapse(now int64) {
 	s := *old
 	s.rows, s.lapsed = rs, true
 	n.publish(&s)
+}
+
+// Schedule returns the schedule the node would pass its store for key (a
+// key name, KeyName) under rule (the policy rule that governs it:
+// Policy.RuleForKey) in its next decision, under the table in force: the
+// regional limit, the one it replaces and when (the store picks by its own
+// clock, Previous before Current.Effective). A key whose table budget
+// differs from the rule's limit counts in Stats.Reduced, as in a decision.
+// For views and checkers; safe for many goroutines.
+func (n *Node) Schedule(rule *Rule, key string) gcra.Schedule {
+	return n.schedule(n.snap.Load(), rule, key)
 }
 
 // InForce returns the newest table surely in force on the store at now
