@@ -65,3 +65,51 @@ func TestNodeLateTableBeforeALapseMakesAValidSchedule(t *testing.T) {
 		t.Errorf("the store refused the decision: fallback %v, store errors %d", d.Fallback, n.Stats().StoreErrors)
 	}
 }
+
+// A table that arrives after its own lease has passed (a late copy, a
+// reconnect) is applied lapsed: the node never runs its shares, not even
+// for the instants a store whose clock lags the node's still sees before
+// now. Fails on 2023668: the node restored the table's share at now and
+// reduced it again at now, so a store MaxSkew behind ran the restored 60 %
+// (T=60 s instead of the safe 720 s). Found by the transition world.
+func TestNodeTableArrivingAfterItsLeaseRunsReduced(t *testing.T) {
+	const t0 = int64(1_700_000_000_000_000)
+	n, err := NewNode(DefaultConfig("eu", "eu-1", regions...), mustPolicy(t, testPolicy), &breakable{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	skew := n.cfg.MaxSkew.Microseconds()
+	budget := n.Policy().Rules()[0].Limit
+	safe := SafeLimit(budget, n.safe, len(regions))
+	withLease := func(tb *rebalance.Table, at int64) *rebalance.Table {
+		tb.Leases = []int64{at, at}
+		return tb
+	}
+	if err := n.Apply(withLease(table(1, 1, t0, t0, 1, 600_000, acme), t0+10e6), t0); err != nil {
+		t.Fatal(err)
+	}
+	now := t0 + 30e6
+	n.Tick(now) // lapsed at t0+10 s
+	// (1,2), same shares, issued at t0+5 s with a lease to t0+20 s,
+	// arrives at t0+30 s.
+	if err := n.Apply(withLease(table(1, 2, t0+5e6, t0+5e6, 1, 600_000, acme), t0+20e6), now); err != nil {
+		t.Fatal(err)
+	}
+	for _, store := range []int64{now - skew, now, now + skew} {
+		if got := limitAt(t, n, "acme", store); got != safe {
+			t.Errorf("after a table whose lease had passed: limit at now%+dµs on the store = %v, want the safe %v", store-now, got, safe)
+		}
+	}
+	// (1,3), a new version, likewise late.
+	if err := n.Apply(withLease(table(1, 3, t0+6e6, t0+6e6, 2, 700_000, acme), t0+21e6), now+1); err != nil {
+		t.Fatal(err)
+	}
+	for _, store := range []int64{now - skew, now, now + skew} {
+		if got := limitAt(t, n, "acme", store); got != safe {
+			t.Errorf("after a new version whose lease had passed: limit at now%+dµs on the store = %v, want the safe %v", store-now, got, safe)
+		}
+	}
+	if !n.Table().Lapsed {
+		t.Error("Table().Lapsed is false after a table whose lease had passed")
+	}
+}

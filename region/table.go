@@ -53,8 +53,9 @@ func (n *Node) Table() TableState {
 // now and the effective time — and a later table that names the agent
 // restores the table's shares from max(its effective time, now), as after
 // a lapse. The coordinator waits for no acknowledgement from an agent its
-// tables do not name, so this is what makes that safe. Apply runs on the
-// Tick goroutine.
+// tables do not name, so this is what makes that safe. A table whose
+// lease has passed when it arrives (a late copy) is applied lapsed in the
+// same way: its shares never run. Apply runs on the Tick goroutine.
 func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	if t == nil {
 		return fmt.Errorf("%w: nil", ErrBadTable)
@@ -71,11 +72,18 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 		return err
 	}
 	named := r < len(t.Agents) && slices.Contains(t.Agents[r], n.cfg.Agent)
+	// A table that does not name this agent, or whose lease has passed
+	// already (a late copy), is applied reduced: its shares never run, not
+	// even for the instants a store behind the node's clock still sees.
+	reduced, from := !named || now >= t.Leases[r], min(now, t.Effective)
+	if now >= t.Leases[r] {
+		from = min(from, t.Leases[r])
+	}
 	var rs rowSet
 	var limits []gcra.Limit
 	next := func(ks *rebalance.KeyShares, o *row) *row {
 		same := o != nil && ks.Version == o.version && ks.Budget == o.budget
-		if named {
+		if !reduced {
 			if same && (o.sub%2 == 0 || o.sub == 3) {
 				return o // unchanged: shared, and no limits to derive
 			}
@@ -86,7 +94,7 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 			return o // already reduced
 		}
 		limits = ks.Limits(limits)
-		return n.unnamed(o, ks, limits[r], t.Effective, now)
+		return n.reducedRow(o, ks, limits[r], t.Effective, from, now)
 	}
 	if same := len(t.Keys) == len(old.rows.names); same && func() bool {
 		for i := range t.Keys {
@@ -212,18 +220,19 @@ func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 	return nr
 }
 
-// unnamed is a key's row after a table that does not name this agent gives
-// it limit lim (version ks.Version) from eff on, given its row o (nil: none
-// yet): the key runs reduced, never at lim. A new version goes straight
-// into its first reduced epoch slot, 4v+5, at eff, with min(the limit in
-// force before it, the safe limit, lim); the agents of the region that the
-// table names run the same version in slot 4v+4, so a state one of them
-// writes is read by the other as newer than its own slot (kept as stored)
-// or as older than its previous change (empty at that change): never with
-// more tokens than either limit gives. An unchanged version (or a version
-// that went backwards, kept as transition keeps it) is reduced in its next
-// slot from the earlier of now and eff, as a lapse reduces it.
-func (n *Node) unnamed(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, now int64) *row {
+// reducedRow is a key's row after a table applied reduced (it does not
+// name this agent, or its lease had passed when it came) gives it limit lim
+// (version ks.Version) from eff on, given its row o (nil: none yet): the
+// key runs reduced, never at lim. A new version goes straight into its
+// first reduced epoch slot, 4v+5, at eff, with min(the limit in force
+// before it, the safe limit, lim); the agents of the region that run the
+// table run the same version in slot 4v+4, so a state one of them writes
+// is read by the other as newer than its own slot (kept as stored) or as
+// older than its previous change (empty at that change). An unchanged
+// version (or a version that went backwards, kept as transition keeps it)
+// is reduced in its next slot from from (no earlier than its own change),
+// as a lapse reduces it.
+func (n *Node) reducedRow(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, from, now int64) *row {
 	v := ks.Version
 	safe := SafeLimit(ks.Budget, n.safe, len(n.cfg.Regions))
 	if o != nil && v <= o.version {
@@ -233,7 +242,7 @@ func (n *Node) unnamed(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, now
 		}
 		nr := *o
 		if o.sub%2 == 0 {
-			nr = n.reduce(o, max(o.sched.Current.Effective, min(now, eff)))
+			nr = n.reduce(o, max(o.sched.Current.Effective, from))
 		}
 		if ks != nil {
 			nr.budget = ks.Budget
