@@ -488,7 +488,8 @@ func (c *Coordinator) agent(k agentKey) *agentState {
 
 // Observe takes one agent's demand report, received at now (µs). A report
 // must name a known region and an agent, be for a closed interval (not
-// later than the one before now), not repeat or precede that agent's last
+// later than the one before now + MaxSkew: the agent closes it on its own
+// clock, which may run MaxSkew ahead), not repeat or precede that agent's last
 // report, list each key once and carry no negative counts; otherwise it is
 // refused whole. Unknown keys are reported in the error while the rest of
 // the report counts. An agent that membership does not list yet is
@@ -501,7 +502,9 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 	if r.Agent == "" {
 		return fmt.Errorf("%w: region %q: no agent name", ErrBadReport, r.Region)
 	}
-	if closed := now/c.dt - 1; r.Interval > closed {
+	// The agent closes its interval on its own clock, up to MaxSkew ahead
+	// of ours.
+	if closed := (now+int64(c.cfg.MaxSkew/time.Microsecond))/c.dt - 1; r.Interval > closed {
 		return fmt.Errorf("%w: %s/%s interval %d is not closed yet (latest closed: %d)", ErrBadReport, r.Region, r.Agent, r.Interval, closed)
 	}
 	k := agentKey{r.Region, r.Agent}
