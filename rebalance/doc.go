@@ -135,7 +135,10 @@
 // on the previous one before publishing it, and calls Advance. It reads no
 // clock, does no I/O and uses no randomness.
 //
-// Every Δ it sums each region's agents' latest reports (a missing agent
+// Reports are per closed interval of the agent's clock, which may run
+// MaxSkew ahead of the coordinator's: Observe takes a report once its
+// interval has closed on a clock MaxSkew ahead. Every Δ it sums each
+// region's agents' latest reports (a missing agent
 // counts as last known, never as zero; a region with an agent silent for
 // StaleAfter·Δ keeps its last share while membership lists that agent or a
 // table still names it),

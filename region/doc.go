@@ -57,8 +57,20 @@
 //
 // and from one goroutine (the shell's loop, or the simulator's):
 //
-//	if rep := node.Tick(nowMicros); rep != nil { send(rep) } // every Δ: the demand report
-//	err := node.Apply(table, nowMicros)                       // each share table from the coordinator
+//	now := clock.Now(wallMicros)                              // region.Clock: the wall clock, never going back
+//	if rep := node.Tick(now); rep != nil { send(rep) }        // often (the agent: every 100 ms): the report of a closed Δ, the lease lapse
+//	if t, e := node.InForce(now); changed { ack(t, e) }       // the table surely in force on the store
+//	err := node.Apply(table, now)                             // each share table from the coordinator
+//
+// The time a shell passes is the host's wall clock through a Clock (leases
+// are instants on the coordinator's wall clock, so no start-up error may be
+// kept; a step back stands still). A lease lapses at the first Tick past
+// it (the reduction is dated at the lease's expiry), so the shell must tick
+// at least once every MaxSkew: the coordinator reassigns a lapsed region's
+// share no sooner than its lease plus MaxSkew, and the increase takes
+// effect Fence (at least 2·MaxSkew) after that. (The agent ticks every
+// 100 ms against a default MaxSkew of 500 ms; the simulator's transition
+// world ticks every Δ/50 with MaxSkew at least that.)
 //
 // # Shares, epochs and leases
 //
@@ -77,7 +89,13 @@
 // share, safe share) — a key the table gives a new version v runs it from
 // its effective time in slot 4v+5, never at the table's share — until a
 // later table names the agent and restores the shares (the coordinator
-// waits for no acknowledgement from an agent its tables do not name). The
+// waits for no acknowledgement from an agent its tables do not name). A
+// table whose lease for the region has passed when it arrives (a late
+// copy) is applied reduced in the same way, never restoring its shares. A
+// change never takes effect before the version it replaces (a table can
+// arrive after a lapse or restore it predates): every schedule is one the
+// store accepts. Node.Schedule shows the schedule a key would be decided
+// under. The
 // agents of a region share the store, and a region's agents may then run
 // one version in different slots (4v+4 named, 4v+5 unnamed); every slot
 // means one limit in every agent (the table's, or min(last, safe)), and a

@@ -35,6 +35,25 @@
 // byte-identical JSON whatever the number of workers. Memory is per key
 // and per key-region (streaming window counters), never per request.
 //
+// The transition world (transition_test.go) is the protocol's safety
+// test, in the style of FoundationDB's simulation and TigerBeetle's VOPR:
+// the real coordinator and real region.Nodes — one memstore per region,
+// shared by its agents, on the region's virtual clock; each agent's time
+// its host's wall clock (skewed, stepping back and forth) through a
+// region.Clock — driven in the shells' call order (Apply on delivery;
+// Tick, then InForce's acknowledgement, every agent tick; MemberChange
+// before StartTerm) under random fault schedules from a printed seed:
+// delays, loss, late and out-of-order tables, region and agent
+// partitions, late joiners, coordinator failover from the latest stored
+// table, small bursts and unequal floors. After every event, for every
+// key, Σ over regions of the share each region's store would enforce for
+// the next decision (the largest over its agents of the limit
+// Node.Schedule selects at the store's clock, as ceil(T·10⁶/T_r) ppm) is at
+// most 10⁶ and Σ of those bursts at most the key's burst. A failing seed
+// prints itself and a trace; go test ./sim -run TestTransitionRandom -seed
+// N replays it, -seeds sets how many run (120 per case, 20 under the race
+// detector).
+//
 // Control cost counts what gossip/wire would put on the wire: each report,
 // ack and signed table is sized exactly (ReportSize, AckSize, TableSize,
 // cluster name "sim") and every chunk is one message. Only the
