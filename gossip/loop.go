@@ -710,13 +710,6 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 		return err
 	}
 	c.SetPolicyVersion(policy.Version())
-	if err := c.StartTerm(term, latest, now); err != nil {
-		return err
-	}
-	log.Info("coordinating", "latest_term", termOf(latest), "keys", len(keys))
-	l.mu.Lock()
-	l.holder = Leadership{Term: term, ID: l.cfg.Election.ID, Since: time.Now()}
-	l.mu.Unlock()
 	var members []rebalance.Member
 	syncMembers := func() {
 		if l.mem == nil {
@@ -731,7 +724,17 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			log.Warn("membership", "err", err)
 		}
 	}
+	// Membership before the term starts: the term's first table names the
+	// live agents (and StartTerm the stored table's), so that the first
+	// decrease waits for them.
 	syncMembers()
+	if err := c.StartTerm(term, latest, now); err != nil {
+		return err
+	}
+	log.Info("coordinating", "latest_term", termOf(latest), "keys", len(keys))
+	l.mu.Lock()
+	l.holder = Leadership{Term: term, ID: l.cfg.Election.ID, Since: time.Now()}
+	l.mu.Unlock()
 	var unpublished *rebalance.Table
 	publish := func() error {
 		for _, t := range c.Ready() {

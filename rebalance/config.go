@@ -25,7 +25,10 @@ type Config struct {
 	MaxSkew time.Duration
 	// Fence is the least time between a decrease being in force and the
 	// increase it pays for taking effect: at least the longest reservation
-	// max-wait and the local lease TTL of any agent.
+	// max-wait and the local lease TTL of any agent, and at least 2·MaxSkew
+	// (Validate), so that on the stores' own clocks the increase starts
+	// after the decrease even when the store that increases runs MaxSkew
+	// ahead and the one that decreases MaxSkew behind.
 	Fence time.Duration
 	// Hysteresis θ in ppm: a key's new shares are published only when some
 	// region's share moves by at least this much.
@@ -103,6 +106,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Fence < 0 {
 		errs = append(errs, fmt.Errorf("rebalance: Fence %s: must not be negative", c.Fence))
+	} else if c.MaxSkew >= 0 && c.Fence < 2*c.MaxSkew {
+		// An increase takes effect at least Fence after the decrease it
+		// pays for; a store whose clock runs MaxSkew ahead of the
+		// coordinator's switches to it MaxSkew early, and one running
+		// MaxSkew behind switches to the decrease MaxSkew late.
+		errs = append(errs, fmt.Errorf("rebalance: Fence %s: must be at least 2·MaxSkew (%s), or a store ahead could run an increase before a store behind runs the decrease it pays for", c.Fence, 2*c.MaxSkew))
 	}
 	if c.Hysteresis > PPM {
 		errs = append(errs, fmt.Errorf("rebalance: Hysteresis %d: above %d ppm", c.Hysteresis, PPM))

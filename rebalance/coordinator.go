@@ -60,10 +60,23 @@ type Coordinator struct {
 	transition bool // a decrease is out; the increase waits
 	decEpoch   uint64
 	waitUntil  int64
-	waitFor    map[agentKey]bool
+	// waitFor: per agent that may run a decreasing region's old share, the
+	// instant until which the increase waits for its acknowledgement (the
+	// lease of its region in the last table naming it, plus skew).
+	waitFor    map[agentKey]int64
+	witnessed  bool               // the table before the decrease named an agent of a decreasing region
+	quietUntil int64              // a decreasing region no known agent runs: not before its stored lease plus skew
 	decreased  int64              // when the decrease went out
 	fence      int64              // the last increase's effective time: no later table takes effect before it
 	namedUntil map[agentKey]int64 // agents a table named, until its lease plus skew
+	// exposed: every agent a table named, until the lease of its region in
+	// the last table naming it plus skew — how long it may run that
+	// table's shares. Seeded from the stored table by StartTerm.
+	exposed map[agentKey]int64
+	// unknown: per region, for a term started from a stored table that
+	// names no agent there, that table's lease plus skew: agents it no
+	// longer names may still run an older table until then.
+	unknown []int64
 
 	spare [2][]uint32 // freed shares buffers, reused by rebalance
 
@@ -135,6 +148,7 @@ func NewCoordinator(cfg Config, budgets []Budget) (*Coordinator, error) {
 		agents:  map[agentKey]*agentState{},
 		members: map[agentKey]bool{},
 		leases:  make([]int64, len(regions)),
+		unknown: make([]int64, len(regions)),
 	}
 	for i, r := range regions {
 		c.ridx[r] = i
@@ -250,7 +264,7 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 			if o, ok := c.kidx[b.Key]; ok && old != nil && c.budgets[o].Limit == b.Limit {
 				copy(out[i*n:(i+1)*n], old[o*n:(o+1)*n])
 			} else {
-				splitRow(b.Limit, shares[i*n:(i+1)*n], out[i*n:(i+1)*n])
+				splitRow(b.Limit, shares[i*n:(i+1)*n], c.safe, out[i*n:(i+1)*n])
 			}
 		}
 		return out
@@ -347,14 +361,35 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 	c.learnUntil = now + int64(c.cfg.Lease/time.Microsecond) + int64(c.cfg.MaxSkew/time.Microsecond)
 	c.learnWaitFor = map[agentKey]bool{}
 	if latest != nil {
-		for ri, agents := range latest.Agents {
-			for _, a := range agents {
-				c.learnWaitFor[agentKey{latest.Regions[ri], a}] = true
-			}
+		// The stored table's agents may run its shares until its leases
+		// plus skew: the new term names them until then and waits for
+		// them, whatever membership says yet.
+		skew := int64(c.cfg.MaxSkew / time.Microsecond)
+		if c.namedUntil == nil {
+			c.namedUntil = map[agentKey]int64{}
+		}
+		if c.exposed == nil {
+			c.exposed = map[agentKey]int64{}
 		}
 		for i, r := range latest.Regions {
-			if ri, ok := c.ridx[r]; ok && i < len(latest.Leases) {
-				c.leases[ri] = latest.Leases[i]
+			ri, ok := c.ridx[r]
+			if !ok || i >= len(latest.Leases) {
+				continue
+			}
+			c.leases[ri] = max(c.leases[ri], latest.Leases[i])
+			var agents []string
+			if i < len(latest.Agents) {
+				agents = latest.Agents[i]
+			}
+			until := latest.Leases[i] + skew
+			if len(agents) == 0 {
+				c.unknown[ri] = max(c.unknown[ri], until)
+			}
+			for _, a := range agents {
+				k := agentKey{r, a}
+				c.learnWaitFor[k] = true
+				c.namedUntil[k] = max(c.namedUntil[k], until)
+				c.exposed[k] = max(c.exposed[k], until)
 			}
 		}
 	}
@@ -399,7 +434,7 @@ func (c *Coordinator) adopt(t *Table) {
 				}
 			}
 		} else {
-			splitRow(c.budgets[k].Limit, row, brow)
+			splitRow(c.budgets[k].Limit, row, c.safe, brow)
 		}
 		c.version[k] = ks.Version
 	}
@@ -453,7 +488,8 @@ func (c *Coordinator) agent(k agentKey) *agentState {
 
 // Observe takes one agent's demand report, received at now (µs). A report
 // must name a known region and an agent, be for a closed interval (not
-// later than the one before now), not repeat or precede that agent's last
+// later than the one before now + MaxSkew: the agent closes it on its own
+// clock, which may run MaxSkew ahead), not repeat or precede that agent's last
 // report, list each key once and carry no negative counts; otherwise it is
 // refused whole. Unknown keys are reported in the error while the rest of
 // the report counts. An agent that membership does not list yet is
@@ -466,7 +502,9 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 	if r.Agent == "" {
 		return fmt.Errorf("%w: region %q: no agent name", ErrBadReport, r.Region)
 	}
-	if closed := now/c.dt - 1; r.Interval > closed {
+	// The agent closes its interval on its own clock, up to MaxSkew ahead
+	// of ours.
+	if closed := (now+int64(c.cfg.MaxSkew/time.Microsecond))/c.dt - 1; r.Interval > closed {
 		return fmt.Errorf("%w: %s/%s interval %d is not closed yet (latest closed: %d)", ErrBadReport, r.Region, r.Agent, r.Interval, closed)
 	}
 	k := agentKey{r.Region, r.Agent}
@@ -594,24 +632,34 @@ func (c *Coordinator) Tick(now int64) {
 	c.rebalance(now)
 }
 
-// decreaseInForce reports whether every agent named for a decreasing region
-// has the decrease (or a later table) in force, or the previous lease plus
-// the maximum skew has passed.
+// decreaseInForce reports whether every agent that may run a decreasing
+// region's old share has the decrease (or a later table) in force, or the
+// previous lease plus the maximum skew has passed.
+//
+// Those agents are the ones a table named (the previous table's, and any
+// an earlier table named until the lease of its region in the last table
+// naming it, plus skew: it may hold that table); an agent no table names
+// runs at min(last share, safe share) (region.Node) and needs no wait.
+// With no agent to hear from in any decreasing region (a region that never
+// had one named, as in a fresh cluster's first table), the decrease is in
+// force once every store's clock has passed its effective time: the
+// increase supersedes it, and superseding a change sooner leaves state
+// written before it to be read as older than it (see Tick). A term started
+// from a stored table that names no agent of a decreasing region waits for
+// that table's lease plus skew: an agent it dropped may still run an older
+// table until then.
 func (c *Coordinator) decreaseInForce(now int64) bool {
 	if now >= c.waitUntil {
 		return true
 	}
-	if len(c.waitFor) == 0 {
-		// No agent to hear from (the previous table named none in a
-		// decreasing region, as the first table of a term, published
-		// before membership is known, does): the decrease is in force
-		// once every store's clock has passed its effective time. The
-		// increase supersedes it, and superseding a change sooner leaves
-		// state written before it to be read as older than it (see Tick).
-		return now >= c.decreased+int64(c.cfg.MaxSkew/time.Microsecond)
+	if now < c.quietUntil {
+		return false
 	}
-	for k := range c.waitFor {
-		if !c.acked(k, c.term, c.decEpoch) {
+	if !c.witnessed && now < c.decreased+int64(c.cfg.MaxSkew/time.Microsecond) {
+		return false
+	}
+	for k, until := range c.waitFor {
+		if now < until && !c.acked(k, c.term, c.decEpoch) {
 			return false
 		}
 	}

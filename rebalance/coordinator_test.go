@@ -58,7 +58,7 @@ func settle(t *testing.T, c *Coordinator, now int64) []*Table {
 	t.Helper()
 	var out []*Table
 	for i := 0; c.transition && i < 3; i++ {
-		if i > 0 && len(c.waitFor) == 0 {
+		if i > 0 && !c.witnessed {
 			now = max(now, c.decreased+int64(c.cfg.MaxSkew/time.Microsecond))
 		}
 		tb := c.Latest()
@@ -361,26 +361,6 @@ func TestStartTermRefusesOldTerm(t *testing.T) {
 	}
 	if c.Term() != 3 {
 		t.Errorf("term %d after refusals, want 3", c.Term())
-	}
-}
-
-// The world's agents refuse a table not ordered after the one they hold,
-// whatever its epoch.
-func TestAgentRefusesOlderTable(t *testing.T) {
-	tests := []struct {
-		give       [][2]uint64
-		wantAccept []bool
-	}{
-		{[][2]uint64{{2, 5}, {1, 9}, {2, 5}, {2, 4}, {2, 6}, {3, 1}, {2, 99}}, []bool{true, false, false, false, true, true, false}},
-		{[][2]uint64{{1, 1}, {1, 2}, {1, 1}}, []bool{true, true, false}},
-	}
-	for _, tt := range tests {
-		a := &wagent{}
-		for i, te := range tt.give {
-			if got := a.offer(&Table{Term: te[0], Epoch: te[1]}); got != tt.wantAccept[i] {
-				t.Errorf("after %v, offer (%d,%d) = %v, want %v", tt.give[:i], te[0], te[1], got, tt.wantAccept[i])
-			}
-		}
 	}
 }
 
@@ -714,21 +694,60 @@ func TestSetBudgetsKeepsTransition(t *testing.T) {
 }
 
 // KeyShares.Version increments by exactly one each time a key's shares or
-// bursts change and not otherwise, across a run with demand moving around.
+// bursts change and not otherwise, across a run with demand moving around:
+// agents a1, b1, b2 and c1 report every Δ and acknowledge each table once
+// it is in force (its effective time plus MaxSkew).
 func TestVersionCountsChanges(t *testing.T) {
-	w := newWorld(t, 11, worldConfig("a", "b", "c"), []int{1, 2, 1}, []string{"proportional", "ewma", "maxmin"}, quietNet())
-	for ri := range w.regions {
+	cfg := unitConfig("a", "b", "c")
+	skew := int64(cfg.MaxSkew / time.Microsecond)
+	budgets := []Budget{budget("k0"), budget("k1"), budget("k2")}
+	for i, s := range []string{"proportional", "ewma", "maxmin"} {
+		budgets[i].Strategy = s
+	}
+	c := mustCoordinator(t, cfg, budgets...)
+	agents := []Member{{Region: "a", Agent: "a1"}, {Region: "b", Agent: "b1"}, {Region: "b", Agent: "b2"}, {Region: "c", Agent: "c1"}}
+	if err := c.MemberChange(agents); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	demand := [3][3]int64{}
+	for r := range 3 {
 		for k := range 3 {
-			w.demand[ri][k] = float64(100 * (ri + k + 1))
+			demand[r][k] = int64(100 * (r + k + 1))
 		}
 	}
-	for i := range 8 {
-		w.run(int64(i+1) * 5 * w.dt)
-		w.demand[i%3][i%3], w.demand[(i+1)%3][i%3] = w.demand[(i+1)%3][i%3], w.demand[i%3][i%3]+300
+	tables := take(c)
+	for now := int64(10_000); now <= 40*sec; now += 10_000 {
+		if now%(5*sec) == 0 {
+			i := now/(5*sec) - 1
+			a, b := i%3, (i+1)%3
+			demand[a][a], demand[b][a] = demand[b][a], demand[a][a]+300
+		}
+		if now%sec == 0 {
+			for _, m := range agents {
+				r := int(m.Region[0] - 'a')
+				d := map[string]int64{}
+				for k := range 3 {
+					d[fmt.Sprintf("k%d", k)] = demand[r][k]
+				}
+				observe(t, c, m.Region, m.Agent, now/sec-1, now, d)
+			}
+		}
+		if tb := c.Latest(); now >= tb.Effective+skew {
+			for _, m := range agents {
+				if err := c.Ack(m.Region, m.Agent, tb.Term, tb.Epoch); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		c.Tick(now)
+		tables = append(tables, take(c)...)
 	}
 	changes := 0
-	for i := 1; i < len(w.tables); i++ {
-		p, n := w.tables[i-1], w.tables[i]
+	for i := 1; i < len(tables); i++ {
+		p, n := tables[i-1], tables[i]
 		for k := range n.Keys {
 			want := p.Keys[k].Version
 			if !slices.Equal(p.Keys[k].Shares, n.Keys[k].Shares) || !slices.Equal(p.Keys[k].Bursts, n.Keys[k].Bursts) {
@@ -741,7 +760,7 @@ func TestVersionCountsChanges(t *testing.T) {
 		}
 	}
 	if changes < 5 {
-		t.Errorf("only %d share changes in %d tables: the test proves little", changes, len(w.tables))
+		t.Errorf("only %d share changes in %d tables: the test proves little", changes, len(tables))
 	}
 }
 
@@ -878,6 +897,18 @@ func TestConfigAndBudgetErrors(t *testing.T) {
 	short.Lease = short.Interval + short.Fence + short.MaxSkew
 	if err := short.Validate(); err == nil || !strings.Contains(err.Error(), "lapses between two tables") {
 		t.Errorf("a lease of Interval + Fence + MaxSkew: Validate = %v, want it refused", err)
+	}
+	// Fails on 2023668: Validate accepted Fence 0 (and any Fence below
+	// twice MaxSkew).
+	for _, fence := range []time.Duration{0, 2*short.MaxSkew - time.Microsecond} {
+		cfg := unitConfig("a", "b")
+		cfg.Fence = fence
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "2·MaxSkew") {
+			t.Errorf("Fence %s with MaxSkew %s: Validate = %v, want it refused", fence, cfg.MaxSkew, err)
+		}
+	}
+	if def := DefaultConfig("a"); def.Validate() != nil || def.Fence < 2*def.MaxSkew {
+		t.Errorf("DefaultConfig: Fence %s, MaxSkew %s: %v", def.Fence, def.MaxSkew, def.Validate())
 	}
 	cfg := unitConfig("a", "b")
 	tests := []struct {
@@ -1076,4 +1107,14 @@ func TestFitMinShare(t *testing.T) {
 			t.Errorf("FitMinShare(%v, %d) = %v, want %v", tt.give, tt.ms, got, tt.want)
 		}
 	}
+}
+
+// tableString describes a table for a failure message.
+func tableString(tb *Table) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "(%d,%d) issued %d eff %d leases %v agents %v", tb.Term, tb.Epoch, tb.Issued, tb.Effective, tb.Leases, tb.Agents)
+	for _, k := range tb.Keys {
+		fmt.Fprintf(&b, " %s%v", k.Key, k.Shares)
+	}
+	return b.String()
 }

@@ -13,11 +13,19 @@
 // must allow, goes above). A region's limit follows from the global limit's
 // rounded T, never from the configured rate: T_r = ceil(T·10⁶/s_r), so
 // Σ 1/T_r ≤ 1/T (RegionalLimit). The global burst is split in proportion to
-// the shares by largest remainder, so the bursts never sum above it; a
-// region with demand and a share keeps a burst of at least 1 unless the
-// global burst is smaller than the number of such regions, in which case
-// the regions with the largest shares get one unit each and the others 0
-// (they deny until the burst or their share grows) (SplitBurst, Derive).
+// the shares by largest remainder, so the bursts never sum above it; then,
+// as shares never fall below the safe shares, no region's burst falls below
+// its safe burst — what it runs at its safe share, cold, lapsed, unnamed by
+// its table or for a key no table names (SafeLimit, SafeBurst: 1 +
+// floor((B − n)·safe_r/10⁶) of a burst B with a unit for each of n regions,
+// else floor(B·safe_r/10⁶), so the safe bursts alone never sum above B
+// whatever the floors); and a region with demand and a share keeps a burst
+// of at least 1 unless the global burst is smaller than the number of such
+// regions, in which case the regions with the largest shares get one unit
+// each and the others 0 (they deny until the burst or their share grows)
+// (SplitBurst, Derive). So Σ over regions of the burst each may run — the
+// table's, or its safe burst where it runs its safe share — never exceeds
+// the global burst.
 //
 // # Strategies
 //
@@ -137,7 +145,10 @@
 // on the previous one before publishing it, and calls Advance. It reads no
 // clock, does no I/O and uses no randomness.
 //
-// Every Δ it sums each region's agents' latest reports (a missing agent
+// Reports are per closed interval of the agent's clock, which may run
+// MaxSkew ahead of the coordinator's: Observe takes a report once its
+// interval has closed on a clock MaxSkew ahead. Every Δ it sums each
+// region's agents' latest reports (a missing agent
 // counts as last known, never as zero; a region with an agent silent for
 // StaleAfter·Δ keeps its last share while membership lists that agent or a
 // table still names it),
@@ -145,10 +156,21 @@
 // its lease plus MaxSkew has passed and then only its floor, and skips
 // changes below the hysteresis. Shares change break before make: a table
 // with every share that falls (and none that rises) goes out at once; the
-// table with the rises follows only when every agent the previous table
-// named in a region that lost share has acknowledged the decrease in force,
-// or that region's lease plus MaxSkew has passed, and it takes effect at
-// least Fence after the decrease. So at any instant, whatever mix of tables
+// table with the rises follows only when every agent that may run a
+// region's old share has acknowledged the decrease in force, or that
+// region's lease plus MaxSkew has passed, and it takes effect at least
+// Fence after the decrease. The agents that may run a region's old share
+// are those the previous table named and those an earlier table named, each
+// until the lease of its region in the last table naming it plus MaxSkew
+// (it may hold that table, and a table naming it lets it run the table's
+// shares until that lease). A table names the live members, the agents with
+// a fresh report, and every agent an earlier table named while that agent
+// was live, until the lease then plus MaxSkew; an agent no table names runs
+// at min(last share, safe share) (region.Node applies such a table
+// reduced), so it needs no wait. A decrease with no agent to hear from in
+// any region that loses share (a fresh cluster's regions before any agent
+// is named) is in force once its effective time plus MaxSkew has passed.
+// So at any instant, whatever mix of tables
 // the regions run, no key's shares in force sum above PPM. With agents that
 // acknowledge a table as soon as it is in force (MaxSkew after its
 // effective time, by their clocks), a shift of demand is reflected within
@@ -163,12 +185,26 @@
 // increase may wait up to another Fence + MaxSkew. An agent that never
 // acknowledges delays the increase to its region's previous lease plus
 // MaxSkew. Lease must exceed Δ + Fence + MaxSkew, or leases would lapse
-// between a healthy coordinator's tables.
+// between a healthy coordinator's tables, and Fence must be at least
+// 2·MaxSkew: then, on the stores' own clocks, an increase starts after the
+// decrease it pays for even when the store that increases runs MaxSkew
+// ahead of the coordinator and the one that decreases MaxSkew behind
+// (Config.Validate refuses both).
 //
 // A coordinator acts under a term, the fencing number its election gives.
 // StartTerm hands it the newest stored table: it republishes those shares
 // under the new term (learning mode) until every agent that table named has
 // acknowledged, or one lease plus MaxSkew has passed, and only then
-// rebalances — a failover never resets shares. Tables are ordered by
+// rebalances — a failover never resets shares. The new term starts from
+// the stored table's agents and leases: it names the agents the stored table
+// named until their region's stored lease plus MaxSkew and waits for them as
+// for agents it named itself, and a decrease of a region the stored table
+// names no agent in waits for that region's stored lease plus MaxSkew (an
+// agent an older table named may still run it). The shell tells it the
+// live members (MemberChange) before StartTerm, so that the term's first
+// table names them too. What the new term cannot know is an agent that an
+// older table named but the stored one no longer does, in a region the
+// stored table names other agents in: it may still run that older table
+// until its lease, which is at most the stored one. Tables are ordered by
 // (Term, Epoch); an agent refuses anything older than what it holds.
 package rebalance

@@ -69,7 +69,7 @@ func ExampleNewStrategy() {
 	shares := make([]uint32, len(regions))
 	s.Allocate(&in, shares)
 	limits := make([]gcra.Limit, len(regions))
-	rebalance.Derive(in.Budget, shares, []bool{true, true, true}, limits, make([]float64, 3), make([]int64, 3))
+	rebalance.Derive(in.Budget, shares, nil, []bool{true, true, true}, limits, make([]float64, 3), make([]int64, 3))
 	for i, l := range limits {
 		fmt.Printf("%s %v\n", regions[i], l)
 	}

@@ -219,7 +219,7 @@ func TestPropertyInvariants(t *testing.T) {
 				}
 				limits := make([]gcra.Limit, n)
 				bursts := make([]int64, n)
-				rebalance.Derive(c.in.Budget, out, demand, limits, make([]float64, n), bursts)
+				rebalance.Derive(c.in.Budget, out, nil, demand, limits, make([]float64, n), bursts)
 				T, B := c.in.Budget.IntervalMicros(), c.in.Budget.Burst()
 				rate, sumB, sumLB := new(big.Rat), int64(0), int64(0)
 				for i, l := range limits {
@@ -373,4 +373,62 @@ func permute[E any](s []E, perm []int) []E {
 		p[k] = s[i]
 	}
 	return p
+}
+
+// TestPropertySafeBursts: whatever the floors (summing to at most PPM),
+// the regions' safe bursts sum to at most the global burst, a region whose
+// burst has a unit per region gets at least 1, and a table's burst split
+// with them as floors gives every region at least its safe burst with the
+// bursts summing to at most the global burst — so any mix of regions
+// running the table and regions running their safe share stays within it.
+func TestPropertySafeBursts(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 8).Draw(t, "n")
+		budget := gcra.FromInterval(rapid.Int64Range(1, 1_000_000).Draw(t, "T"), rapid.OneOf(rapid.Int64Range(1, 12), rapid.Int64Range(1, 100_000)).Draw(t, "burst"))
+		left := int64(rebalance.PPM)
+		safe, shares := make([]uint32, n), make([]uint32, n)
+		for i := range n {
+			safe[i] = uint32(rapid.Int64Range(0, left).Draw(t, "safe"))
+			left -= int64(safe[i])
+		}
+		rest := left
+		for i := range n {
+			shares[i] = safe[i]
+			if i == n-1 {
+				shares[i] += uint32(rest)
+			} else {
+				add := rapid.Int64Range(0, rest).Draw(t, "add")
+				shares[i] += uint32(add)
+				rest -= add
+			}
+		}
+		floors := make([]int64, n)
+		sumF := int64(0)
+		for i := range n {
+			floors[i] = rebalance.SafeLimit(budget, safe[i], n).Burst()
+			sumF += floors[i]
+			if b := rebalance.SafeBurst(budget.Burst(), safe[i], n); budget.Burst() >= int64(n) && b < 1 {
+				t.Fatalf("SafeBurst(%d, %d, %d) = %d, want at least 1", budget.Burst(), safe[i], n, b)
+			}
+		}
+		if sumF > budget.Burst() {
+			t.Fatalf("safe bursts %v (floors %v) sum to %d, above the burst %d", floors, safe, sumF, budget.Burst())
+		}
+		demand := make([]bool, n)
+		for i := range n {
+			demand[i] = shares[i] > 0
+		}
+		limits, bursts := make([]gcra.Limit, n), make([]int64, n)
+		rebalance.Derive(budget, shares, floors, demand, limits, make([]float64, n), bursts)
+		sumB := int64(0)
+		for i, l := range limits {
+			sumB += l.Burst()
+			if l.Burst() < floors[i] {
+				t.Fatalf("shares %v floors %v: region %d burst %d below its safe burst %d", shares, safe, i, l.Burst(), floors[i])
+			}
+		}
+		if sumB > budget.Burst() {
+			t.Fatalf("shares %v: bursts %v sum to %d, above %d", shares, bursts, sumB, budget.Burst())
+		}
+	})
 }

@@ -114,7 +114,7 @@ func (c *Coordinator) rebalance(now int64) {
 	// a falling burst is a decrease too.
 	desiredB := make([]int64, K*n)
 	for k := range K {
-		splitRow(c.budgets[k].Limit, desired[k*n:(k+1)*n], desiredB[k*n:(k+1)*n])
+		splitRow(c.budgets[k].Limit, desired[k*n:(k+1)*n], c.safe, desiredB[k*n:(k+1)*n])
 	}
 	if !decrease {
 		for i := range desiredB {
@@ -144,15 +144,28 @@ func (c *Coordinator) rebalance(now int64) {
 			decRegion[i%n] = true
 		}
 	}
-	c.waitFor = map[agentKey]bool{}
-	c.waitUntil = now
+	c.waitFor = map[agentKey]int64{}
+	c.waitUntil, c.quietUntil, c.witnessed = now, 0, false
 	for r := range n {
 		if !decRegion[r] {
 			continue
 		}
 		c.waitUntil = max(c.waitUntil, c.leases[r]+skew)
+		known := false
 		for _, a := range c.prevAgents(r) {
-			c.waitFor[agentKey{c.regions[r], a}] = true
+			k := agentKey{c.regions[r], a}
+			c.waitFor[k] = max(c.exposed[k], c.leases[r]+skew)
+			known, c.witnessed = true, true
+		}
+		// An agent an earlier table named may still hold that table.
+		for k, until := range c.exposed {
+			if k.region == c.regions[r] && until > now {
+				c.waitFor[k] = max(c.waitFor[k], until)
+				known = true
+			}
+		}
+		if !known {
+			c.quietUntil = max(c.quietUntil, c.unknown[r])
 		}
 	}
 	c.free(c.cur)
@@ -281,6 +294,14 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 			delete(c.namedUntil, k)
 		}
 	}
+	if c.exposed == nil {
+		c.exposed = map[agentKey]int64{}
+	}
+	for k, until := range c.exposed {
+		if now >= until {
+			delete(c.exposed, k)
+		}
+	}
 	for r := range n {
 		if renewed[r] {
 			c.leases[r] = max(c.leases[r], now+lease)
@@ -288,6 +309,9 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 		t.Leases[r] = c.leases[r]
 		for a := range named[r] {
 			t.Agents[r] = append(t.Agents[r], a)
+			// It may run this table until its lease (plus skew).
+			k := agentKey{c.regions[r], a}
+			c.exposed[k] = max(c.exposed[k], c.leases[r]+skew)
 		}
 		slices.Sort(t.Agents[r])
 	}

@@ -155,7 +155,7 @@ func RegionalLimit(global gcra.Limit, share uint32, burst int64) gcra.Limit {
 // MinShare is the smallest non-zero share (ppm) of global that a region
 // can run: below it T_r = ceil(T·10⁶/s) exceeds gcra.MaxWindow and
 // RegionalLimit gives the zero limit. It is 1 for every limit of at least
-// one event per 37.5 minutes; 38 for one per day, 14,270 (1.4 %) for one
+// one event per 37.5 minutes; 39 for one per day, 14,005 (1.4 %) for one
 // per year. A zero limit or one whose T exceeds MaxWindow returns PPM + 1
 // (no share will do).
 func MinShare(global gcra.Limit) uint32 {
@@ -205,19 +205,61 @@ func FitMinShare(shares []uint32, ms uint32) {
 	}
 }
 
+// SafeLimit is the limit a region whose safe share is ppm runs the global
+// limit at when it runs the safe share — cold, lapsed, unnamed by its
+// table, or for a key no table names: T_r from the share (RegionalLimit),
+// and the safe burst SafeBurst. region.SafeLimit is this function.
+func SafeLimit(global gcra.Limit, ppm uint32, regions int) gcra.Limit {
+	return RegionalLimit(global, ppm, SafeBurst(global.Burst(), ppm, regions))
+}
+
+// SafeBurst is the burst of a region whose safe share is ppm, one of
+// regions regions, when it runs its safe share: with a unit of the global
+// burst for every region, 1 + floor((burst − regions)·ppm/10⁶) — at least
+// 1, so that a cold region can admit — and otherwise floor(burst·ppm/10⁶).
+// Either way the safe bursts of regions whose safe shares sum to at most
+// 10⁶ sum to at most burst, whatever the floors are, so a region can
+// compute its own from its own floor, and the table's burst split can keep
+// every region's as a floor (SplitBurst). The limit's burst (SafeLimit) is
+// this, capped as RegionalLimit caps every burst.
+func SafeBurst(burst int64, ppm uint32, regions int) int64 {
+	if burst <= 0 {
+		return 0
+	}
+	ppm = min(ppm, PPM)
+	if regions >= 1 && burst >= int64(regions) {
+		return 1 + mulDivPPM(burst-int64(regions), ppm)
+	}
+	return mulDivPPM(burst, ppm)
+}
+
+// mulDivPPM is floor(x·ppm/10⁶) for 0 ≤ x and ppm ≤ 10⁶, without
+// overflow.
+func mulDivPPM(x int64, ppm uint32) int64 {
+	hi, lo := bits.Mul64(uint64(x), uint64(ppm))
+	q, _ := bits.Div64(hi, lo, PPM) // hi < PPM: x < 2^63 and ppm ≤ 10⁶
+	return int64(q)
+}
+
 // SplitBurst divides the global burst among regions in proportion to their
 // shares by largest remainder (Split), so the parts never sum above the
-// global burst, then gives every region with demand and a non-zero share a
-// burst of at least 1: such regions are served largest share first (ties to
-// the lower index), each taking one unit from the region holding the most
-// that can spare one (a region with demand and a share keeps at least 1, any
-// other region may go to 0). When the global burst is smaller than the
-// number of such regions that cannot be done without exceeding it: the
-// regions with demand and the largest shares get one unit each and the
-// others get 0, so they deny until the burst or their share grows. weights
-// is scratch space and out receives the bursts; both have len(shares)
-// elements, as does demand. It allocates nothing.
-func SplitBurst(burst int64, shares []uint32, demand []bool, weights []float64, out []int64) {
+// global burst. Then, when floors is not nil and its parts sum to at most
+// the burst, every region r gets at least floors[r] — the burst it runs at
+// its safe share (SafeBurst), as a share never falls below the safe share —
+// each region below its floor taking units from the regions above theirs,
+// most surplus first (ties to the lower index); floors summing above the
+// burst cannot all be kept and are ignored. Last, every region with demand
+// and a non-zero share gets a burst of at least 1: such regions are served
+// largest share first (ties to the lower index), each taking one unit from
+// the region holding the most that can spare one (a region keeps its floor,
+// and at least 1 when it has demand and a share; any other region may go to
+// 0). When the global burst is smaller than the number of such regions that
+// cannot be done without exceeding it: the regions with demand and the
+// largest shares get one unit each and the others get 0, so they deny until
+// the burst or their share grows. weights is scratch space and out receives
+// the bursts; both have len(shares) elements, as do demand and floors (when
+// not nil). It allocates nothing for up to 16 regions.
+func SplitBurst(burst int64, shares []uint32, floors []int64, demand []bool, weights []float64, out []int64) {
 	var stack [16]int64
 	rem := stack[:0]
 	if len(shares) <= len(stack) {
@@ -226,6 +268,32 @@ func SplitBurst(burst int64, shares []uint32, demand []bool, weights []float64, 
 		rem = make([]int64, len(shares))
 	}
 	splitShares(burst, shares, out, rem)
+	floor := func(i int) int64 { return 0 }
+	if floors != nil {
+		sum := int64(0)
+		for _, f := range floors {
+			sum += max(f, 0)
+		}
+		if sum <= burst {
+			floor = func(i int) int64 { return max(floors[i], 0) }
+			for i := range out {
+				for out[i] < floor(i) {
+					donor := -1
+					for j := range out {
+						if out[j] > floor(j) && (donor < 0 || out[j]-floor(j) > out[donor]-floor(donor)) {
+							donor = j
+						}
+					}
+					if donor < 0 {
+						break // unreachable: the floors fit in the burst
+					}
+					give := min(floor(i)-out[i], out[donor]-floor(donor))
+					out[donor] -= give
+					out[i] += give
+				}
+			}
+		}
+	}
 	needs := func(i int) bool { return shares[i] > 0 && demand[i] }
 	for {
 		taker := -1
@@ -239,9 +307,9 @@ func SplitBurst(burst int64, shares []uint32, demand []bool, weights []float64, 
 		}
 		donor := -1
 		for j := range out {
-			keep := int64(0)
+			keep := floor(j)
 			if needs(j) {
-				keep = 1
+				keep = max(keep, 1)
 			}
 			if out[j] > keep && (donor < 0 || out[j] > out[donor]) {
 				donor = j

@@ -531,14 +531,18 @@ func (in *Input) Validate() error {
 // Derive fills limits with each region's limit for one key: the rate from
 // its share (RegionalLimit: T_r = ceil(T·10⁶/s_r), so Σ 1/T_r ≤ 1/T) and the
 // burst from SplitBurst (the global burst split in proportion to the shares,
-// at least 1 for each region with demand and a share while the global burst
-// suffices). demand[r] says whether region r had demand. When the shares sum
-// above PPM (only the full strategy) the bursts are not split: each region
-// gets floor(B·s_r/10⁶), at least 1 for a non-zero share, so full gives every
-// region the whole burst. A zero budget gives zero limits. limits, demand,
-// scratchW and scratchB have len(shares) elements; scratchW and scratchB are
+// each region at least its floor when floors is not nil, and at least 1 for
+// each region with demand and a share while the global burst suffices).
+// demand[r] says whether region r had demand; floors[r] is the least burst
+// region r gets (SafeBurst of its safe share: the coordinator passes them,
+// so that a region running its safe share never holds more burst than the
+// table gives it). When the shares sum above PPM (only the full strategy)
+// the bursts are not split: each region gets floor(B·s_r/10⁶), at least 1
+// for a non-zero share, so full gives every region the whole burst. A zero
+// budget gives zero limits. limits, demand, floors (when not nil), scratchW
+// and scratchB have len(shares) elements; scratchW and scratchB are
 // overwritten (scratchB with the bursts). It allocates nothing.
-func Derive(budget gcra.Limit, shares []uint32, demand []bool, limits []gcra.Limit, scratchW []float64, scratchB []int64) {
+func Derive(budget gcra.Limit, shares []uint32, floors []int64, demand []bool, limits []gcra.Limit, scratchW []float64, scratchB []int64) {
 	sum := int64(0)
 	for _, s := range shares {
 		sum += int64(s)
@@ -557,7 +561,7 @@ func Derive(budget gcra.Limit, shares []uint32, demand []bool, limits []gcra.Lim
 		}
 		return
 	}
-	SplitBurst(budget.Burst(), shares, demand, scratchW, scratchB)
+	SplitBurst(budget.Burst(), shares, floors, demand, scratchW, scratchB)
 	for i, s := range shares {
 		limits[i] = RegionalLimit(budget, s, scratchB[i])
 	}

@@ -445,6 +445,7 @@ func TestSplitBurst(t *testing.T) {
 		name       string
 		giveBurst  int64
 		giveShares []uint32
+		giveFloors []int64
 		giveDemand []bool
 		want       []int64
 	}{
@@ -462,11 +463,25 @@ func TestSplitBurst(t *testing.T) {
 			giveDemand: []bool{false, false, true}, want: []int64{0, 1, 1}},
 		{name: "zero share gets nothing", giveBurst: 3, giveShares: []uint32{1000000, 0},
 			giveDemand: []bool{true, true}, want: []int64{3, 0}},
+		// Split gives {2, 1, 0}; c takes its one unit from a, and a keeps
+		// its floor of 1.
+		{name: "floors are kept", giveBurst: 3, giveShares: []uint32{700000, 200000, 100000}, giveFloors: []int64{1, 1, 1},
+			giveDemand: []bool{true, true, false}, want: []int64{1, 1, 1}},
+		// Split gives {5, 3, 2}; c is raised to its floor of 4 from a, the
+		// one with the most above its floor (4, against b's 1).
+		{name: "a region below its floor takes from the most surplus", giveBurst: 10, giveShares: []uint32{500000, 300000, 200000},
+			giveFloors: []int64{1, 2, 4}, giveDemand: []bool{true, true, true}, want: []int64{3, 3, 4}},
+		// Demand may not take a unit below a floor.
+		{name: "demand takes no unit below a floor", giveBurst: 2, giveShares: []uint32{600000, 300000, 100000}, giveFloors: []int64{1, 1, 0},
+			giveDemand: []bool{true, true, true}, want: []int64{1, 1, 0}},
+		// Floors above the burst cannot all be kept: ignored.
+		{name: "floors above the burst", giveBurst: 3, giveShares: []uint32{700000, 200000, 100000}, giveFloors: []int64{2, 1, 1},
+			giveDemand: []bool{true, true, true}, want: []int64{1, 1, 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := make([]int64, len(tt.giveShares))
-			rebalance.SplitBurst(tt.giveBurst, tt.giveShares, tt.giveDemand, make([]float64, len(got)), got)
+			rebalance.SplitBurst(tt.giveBurst, tt.giveShares, tt.giveFloors, tt.giveDemand, make([]float64, len(got)), got)
 			if !slices.Equal(got, tt.want) {
 				t.Errorf("SplitBurst = %v, want %v", got, tt.want)
 			}
@@ -519,18 +534,18 @@ func TestDerive(t *testing.T) {
 	budget := gcra.FromInterval(1000, 10)
 	limits := make([]gcra.Limit, 3)
 	w, b := make([]float64, 3), make([]int64, 3)
-	rebalance.Derive(budget, []uint32{500000, 300000, 200000}, []bool{true, true, false}, limits, w, b)
+	rebalance.Derive(budget, []uint32{500000, 300000, 200000}, nil, []bool{true, true, false}, limits, w, b)
 	want := []gcra.Limit{gcra.FromInterval(2000, 5), gcra.FromInterval(3334, 3), gcra.FromInterval(5000, 2)}
 	if !slices.Equal(limits, want) {
 		t.Errorf("Derive = %v, want %v", limits, want)
 	}
 	// full: every region the whole budget, burst included.
-	rebalance.Derive(budget, []uint32{rebalance.PPM, rebalance.PPM, 0}, []bool{true, false, true}, limits, w, b)
+	rebalance.Derive(budget, []uint32{rebalance.PPM, rebalance.PPM, 0}, nil, []bool{true, false, true}, limits, w, b)
 	if want := []gcra.Limit{budget, budget, {}}; !slices.Equal(limits, want) {
 		t.Errorf("Derive(full) = %v, want %v", limits, want)
 	}
 	// A zero budget gives zero limits.
-	rebalance.Derive(gcra.Limit{}, []uint32{500000, 500000, 0}, []bool{true, true, true}, limits, w, b)
+	rebalance.Derive(gcra.Limit{}, []uint32{500000, 500000, 0}, nil, []bool{true, true, true}, limits, w, b)
 	if want := make([]gcra.Limit, 3); !slices.Equal(limits, want) {
 		t.Errorf("Derive(zero) = %v, want %v", limits, want)
 	}

@@ -92,7 +92,9 @@ func (t *Table) Newer(term, epoch uint64) bool {
 // len(Shares)) and returns it: T_r = ceil(T·10⁶/s_r) from the budget's
 // rounded emission interval, with the row's Bursts — or, in a row without
 // them, the budget's burst split over the regions by SplitBurst, every
-// region with a share counting as one with demand.
+// region with a share counting as one with demand and no floors (a reader
+// does not know the other regions' safe shares; the coordinator writes
+// Bursts in every row it publishes, split with the floors).
 func (ks *KeyShares) Limits(dst []gcra.Limit) []gcra.Limit {
 	n := len(ks.Shares)
 	dst = slices.Grow(dst[:0], n)[:n]
@@ -114,7 +116,7 @@ func (ks *KeyShares) Limits(dst []gcra.Limit) []gcra.Limit {
 	for i, s := range ks.Shares {
 		has[i] = s > 0
 	}
-	Derive(ks.Budget, ks.Shares, has, dst, w, b)
+	Derive(ks.Budget, ks.Shares, nil, has, dst, w, b)
 	return dst
 }
 
@@ -124,12 +126,30 @@ func (ks *KeyShares) Limit(r int) gcra.Limit {
 	return ks.Limits(la[:0])[r]
 }
 
-// splitRow writes the bursts a row of shares gives under budget: what
-// Limits derives for a row without Bursts.
-func splitRow(budget gcra.Limit, shares []uint32, out []int64) {
-	ks := KeyShares{Budget: budget, Shares: shares}
+// splitRow writes the bursts a row of shares gives under budget (Derive,
+// every region with a share counting as one with demand), each region at
+// least the burst it runs at its safe share: safe[r] ppm of n regions
+// (SafeLimit). Σ bursts over regions, each the table's or — for a region
+// that runs its safe share — its safe burst, never exceeds the budget's
+// burst.
+func splitRow(budget gcra.Limit, shares, safe []uint32, out []int64) {
+	n := len(shares)
 	var la [16]gcra.Limit
-	for i, l := range ks.Limits(la[:0]) {
-		out[i] = l.Burst()
+	var wa [16]float64
+	var fa [16]int64
+	var ha [16]bool
+	l, w, f, has := la[:0], wa[:0], fa[:0], ha[:0]
+	if n <= len(la) {
+		l, w, f, has = la[:n], wa[:n], fa[:n], ha[:n]
+	} else {
+		l, w, f, has = make([]gcra.Limit, n), make([]float64, n), make([]int64, n), make([]bool, n)
+	}
+	for i, s := range shares {
+		has[i] = s > 0
+		f[i] = SafeLimit(budget, safe[i], n).Burst()
+	}
+	Derive(budget, shares, f, has, l, w, out)
+	for i := range l {
+		out[i] = l[i].Burst()
 	}
 }

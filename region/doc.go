@@ -64,8 +64,20 @@
 //
 // and from one goroutine (the shell's loop, or the simulator's):
 //
-//	if rep := node.Tick(nowMicros); rep != nil { send(rep) } // every Δ: the demand report
-//	err := node.Apply(table, nowMicros)                       // each share table from the coordinator
+//	now := clock.Now(wallMicros)                              // region.Clock: the wall clock, never going back
+//	if rep := node.Tick(now); rep != nil { send(rep) }        // often (the agent: every 100 ms): the report of a closed Δ, the lease lapse
+//	if t, e := node.InForce(now); changed { ack(t, e) }       // the table surely in force on the store
+//	err := node.Apply(table, now)                             // each share table from the coordinator
+//
+// The time a shell passes is the host's wall clock through a Clock (leases
+// are instants on the coordinator's wall clock, so no start-up error may be
+// kept; a step back stands still). A lease lapses at the first Tick past
+// it (the reduction is dated at the lease's expiry), so the shell must tick
+// at least once every MaxSkew: the coordinator reassigns a lapsed region's
+// share no sooner than its lease plus MaxSkew, and the increase takes
+// effect Fence (at least 2·MaxSkew) after that. (The agent ticks every
+// 100 ms against a default MaxSkew of 500 ms; the simulator's transition
+// world ticks every Δ/50 with MaxSkew at least that.)
 //
 // # Shares, epochs and leases
 //
@@ -79,6 +91,39 @@
 // reduces every key to min(last share, safe share); a key missing from the
 // table runs at the safe share; a key whose budget in the table differs from
 // the policy (a rollout in progress) runs at min(table share, safe share).
+// A table that does not name this agent (Agents[r] lacks Config.Agent)
+// is applied reduced, exactly as after a lapse: every key runs at min(last
+// share, safe share) — a key the table gives a new version v runs it from
+// its effective time in slot 4v+5, never at the table's share — until a
+// later table names the agent and restores the shares (the coordinator
+// waits for no acknowledgement from an agent its tables do not name). A
+// table whose lease for the region has passed when it arrives (a late
+// copy) is applied reduced in the same way, never restoring its shares. A
+// change never takes effect before the version it replaces (a table can
+// arrive after a lapse or restore it predates): every schedule is one the
+// store accepts. Node.Schedule shows the schedule a key would be decided
+// under. The
+// agents of a region share the store, and a region's agents may then run
+// one version in different slots (4v+4 named, 4v+5 unnamed); every slot
+// means one limit in every agent (the table's, or min(last, safe)), and a
+// state written in one slot is read in another either as stored (written
+// under a newer slot: never converted back) or as older than the reader's
+// previous change (empty at that change). The region's rate stays within
+// the largest rate its agents run; a burst that mixes both slots on one
+// stored state can exceed the table's burst, by less than the safe burst,
+// only when the safe limit's window (burst × interval) is the longer one.
+// The safe share's limit is SafeLimit: T_r from the safe share and the safe
+// burst rebalance.SafeBurst, which sums to at most the global burst over
+// all regions whatever their floors; every table gives each region at
+// least its safe burst, so a region running its safe share never holds
+// more burst than the table gives it.
+//
+// InForce (what reports and acknowledgements name) is the newest table
+// surely in force on the store: one whose effective time plus MaxSkew has
+// passed on the node's clock. Until the newest table qualifies, it is the
+// table that one superseded once that qualifies (it runs until the newer
+// one takes effect), else the one that qualified when the newest arrived;
+// never a table before its effective time plus MaxSkew.
 //
 // # Booked future
 //

@@ -29,10 +29,11 @@ domains:
 	}
 
 	// The coordinator's table gives eu 75 % of tenant acme's budget,
-	// effective a second ago.
+	// effective a second ago, and names this agent (an agent a table does
+	// not name runs at the safe share).
 	key := region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}})
 	err = node.Apply(&rebalance.Table{Term: 1, Epoch: 1, Issued: now, Effective: now - 1e6,
-		Regions: []string{"eu", "us"}, Leases: []int64{now + 30e6, now + 30e6},
+		Regions: []string{"eu", "us"}, Leases: []int64{now + 30e6, now + 30e6}, Agents: [][]string{{"eu-1"}, {"us-1"}},
 		Keys: []rebalance.KeyShares{{Key: key, Budget: policy.Rules()[0].Limit, Shares: []uint32{750_000, 250_000}, Version: 1}}}, now)
 	if err != nil {
 		panic(err)

@@ -219,11 +219,18 @@ type snapshot struct {
 	term     uint64
 	epoch    uint64
 	issued   int64 // the table's Issued (µs, the coordinator's clock)
-	// effective is the table's effective time; until it passes, reports
-	// name the table in force before it (prevTerm, prevEpoch).
+	// effective is the table's effective time. Until it plus MaxSkew has
+	// passed on the node's clock, InForce names the table before it when
+	// that one is surely in force by then (mid: the superseded table,
+	// from midEffective plus MaxSkew on), or else the one that was surely
+	// in force when this table was applied (prev).
 	effective           int64
 	prevTerm, prevEpoch uint64
+	hasMid              bool
+	midTerm, midEpoch   uint64
+	midEffective        int64
 	lapsed              bool
+	named               bool // the table names this agent in its region
 	rows                rowSet
 }
 
@@ -312,16 +319,15 @@ func (n *Node) Stats() Stats {
 	}
 }
 
-// SafeLimit is the limit a region with safe share ppm runs a global limit
-// at: T_r from the share (rebalance.RegionalLimit) and the burst's
-// proportional part rounded down, at least 1 when the burst has one unit
-// for every region (so the floors together stay within the burst).
+// SafeLimit is the limit a region with safe share ppm, one of regions
+// regions, runs a global limit at when it runs its safe share: T_r from the
+// share (rebalance.RegionalLimit) and the safe burst, 1 + floor((B −
+// regions)·ppm/10⁶) when the burst B has a unit for every region, else
+// floor(B·ppm/10⁶) (rebalance.SafeBurst), so that the safe bursts of all
+// regions sum to at most B whatever their floors, and the coordinator gives
+// every region at least its safe burst in every table.
 func SafeLimit(global gcra.Limit, ppm uint32, regions int) gcra.Limit {
-	b := global.Burst() * int64(ppm) / rebalance.PPM
-	if b == 0 && global.Burst() >= int64(regions) {
-		b = 1
-	}
-	return rebalance.RegionalLimit(global, ppm, b)
+	return rebalance.SafeLimit(global, ppm, regions)
 }
 
 // minLimit is the stricter of a and b in both rate and burst.

@@ -827,7 +827,7 @@ domains:
 	}
 	now := clock.Load()
 	pol := n.Policy()
-	tb := &rebalance.Table{Term: 1, Epoch: 1, Issued: now, Effective: now - hour, Regions: []string{"eu"}, Leases: []int64{now + 600e6},
+	tb := &rebalance.Table{Term: 1, Epoch: 1, Issued: now, Effective: now - hour, Regions: []string{"eu"}, Leases: []int64{now + 600e6}, Agents: [][]string{{"eu-1"}},
 		Keys: []rebalance.KeyShares{
 			{Key: KeyName("api", []Entry{{"small", "s"}}), Budget: pol.Rules()[1].Limit, Shares: []uint32{rebalance.PPM}, Version: 1},
 			{Key: KeyName("api", []Entry{{"tenant", "t"}}), Budget: pol.Rules()[0].Limit, Shares: []uint32{rebalance.PPM}, Version: 1},

@@ -23,7 +23,11 @@ type TableState struct {
 	// Lapsed is set once the lease passed with no newer table: every key
 	// runs at min(last share, safe share).
 	Lapsed bool
-	Keys   int
+	// Named says whether the table names this agent in its region
+	// (Table.Agents); an agent it does not name runs every key at
+	// min(last share, safe share), as after a lapse. False without a table.
+	Named bool
+	Keys  int
 }
 
 // Table returns the state of the table in force. Call it on the
@@ -31,7 +35,7 @@ type TableState struct {
 func (n *Node) Table() TableState {
 	s := n.snap.Load()
 	return TableState{HasTable: s.hasTable, Term: s.term, Epoch: s.epoch, Issued: s.issued, LeaseExpiry: n.leaseExpiry.Load(),
-		Lapsed: s.lapsed, Keys: len(s.rows.rows)}
+		Lapsed: s.lapsed, Named: s.named, Keys: len(s.rows.rows)}
 }
 
 // Apply puts table t in force from now (µs): tables older than the one in
@@ -41,8 +45,17 @@ func (n *Node) Table() TableState {
 // "limit changes keep tokens"), so decreases and increases happen when the
 // coordinator scheduled them. The lease for this region runs until
 // t.Leases[r] (an instant on the coordinator's clock); Tick reduces every
-// key to min(last share, safe share) once it passes. Apply runs on the
-// Tick goroutine.
+// key to min(last share, safe share) once it passes. A table that does not
+// name this agent in its region (t.Agents[r]) is applied reduced: every key
+// runs at min(last share, safe share) — a key the table gives a new version
+// from its effective time, in the version's reduced epoch slot, never at
+// the table's share; a key whose version is unchanged from the earlier of
+// now and the effective time — and a later table that names the agent
+// restores the table's shares from max(its effective time, now), as after
+// a lapse. The coordinator waits for no acknowledgement from an agent its
+// tables do not name, so this is what makes that safe. A table whose
+// lease has passed when it arrives (a late copy) is applied lapsed in the
+// same way: its shares never run. Apply runs on the Tick goroutine.
 func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	if t == nil {
 		return fmt.Errorf("%w: nil", ErrBadTable)
@@ -58,14 +71,30 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	if err := n.checkTable(t, r, now); err != nil {
 		return err
 	}
+	named := r < len(t.Agents) && slices.Contains(t.Agents[r], n.cfg.Agent)
+	// A table that does not name this agent, or whose lease has passed
+	// already (a late copy), is applied reduced: its shares never run, not
+	// even for the instants a store behind the node's clock still sees.
+	reduced, from := !named || now >= t.Leases[r], min(now, t.Effective)
+	if now >= t.Leases[r] {
+		from = min(from, t.Leases[r])
+	}
 	var rs rowSet
 	var limits []gcra.Limit
 	next := func(ks *rebalance.KeyShares, o *row) *row {
-		if o != nil && ks.Version == o.version && ks.Budget == o.budget && (o.sub%2 == 0 || o.sub == 3) {
-			return o // unchanged: shared, and no limits to derive
+		same := o != nil && ks.Version == o.version && ks.Budget == o.budget
+		if !reduced {
+			if same && (o.sub%2 == 0 || o.sub == 3) {
+				return o // unchanged: shared, and no limits to derive
+			}
+			limits = ks.Limits(limits)
+			return n.transition(o, ks, limits[r], t.Effective, now)
+		}
+		if same && o.sub%2 == 1 {
+			return o // already reduced
 		}
 		limits = ks.Limits(limits)
-		return n.transition(o, ks, limits[r], t.Effective, now)
+		return n.reducedRow(o, ks, limits[r], t.Effective, from, now)
 	}
 	if same := len(t.Keys) == len(old.rows.names); same && func() bool {
 		for i := range t.Keys {
@@ -105,12 +134,16 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 		}
 	}
 	n.leaseExpiry.Store(t.Leases[r])
-	prevTerm, prevEpoch := old.term, old.epoch
-	if old.hasTable && now < old.effective {
-		prevTerm, prevEpoch = old.prevTerm, old.prevEpoch // the old table never came into force
+	// Until t is surely in force, InForce names what is surely in force
+	// now, and the superseded table once it is: it runs on the store from
+	// its effective time until t's, unless t takes effect first.
+	s := &snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
+		issued: t.Issued, effective: t.Effective, named: named, rows: rs}
+	s.prevTerm, s.prevEpoch = n.inForce(old, now)
+	if old.hasTable && (s.prevTerm != old.term || s.prevEpoch != old.epoch) && old.effective <= t.Effective {
+		s.hasMid, s.midTerm, s.midEpoch, s.midEffective = true, old.term, old.epoch, old.effective
 	}
-	n.publish(&snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
-		issued: t.Issued, effective: t.Effective, prevTerm: prevTerm, prevEpoch: prevEpoch, rows: rs})
+	n.publish(s)
 	if now >= n.leaseExpiry.Load() {
 		n.lapse(now)
 	}
@@ -173,18 +206,71 @@ func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 	switch {
 	case o == nil:
 		prev := gcra.Version{Limit: SafeLimit(ks.Budget, n.safe, len(n.cfg.Regions)), Epoch: coldEpoch}
-		nr.sched = gcra.Change(prev, gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
+		nr.sched = change(prev, gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
 	case v == o.version && (o.sub%2 == 0 || o.sub == 3):
 		nr.sub, nr.sched = o.sub, o.sched // the budget changed under the same version: keep the limits
 	case v == o.version:
 		// Restore after a lapse: a new epoch slot within the version.
 		nr.sub = o.sub + 1
 		at := max(eff, now)
-		nr.sched = gcra.Change(inForceAt(&o.sched, at), gcra.Version{Limit: lim, Epoch: epochOf(v, nr.sub), Effective: at})
+		nr.sched = change(inForceAt(&o.sched, at), gcra.Version{Limit: lim, Epoch: epochOf(v, nr.sub), Effective: at})
 	default:
-		nr.sched = gcra.Change(inForceAt(&o.sched, eff), gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
+		nr.sched = change(inForceAt(&o.sched, eff), gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
 	}
 	return nr
+}
+
+// reducedRow is a key's row after a table applied reduced (it does not
+// name this agent, or its lease had passed when it came) gives it limit lim
+// (version ks.Version) from eff on, given its row o (nil: none yet): the
+// key runs reduced, never at lim. A new version goes straight into its
+// first reduced epoch slot, 4v+5, at eff, with min(the limit in force
+// before it, the safe limit, lim); the agents of the region that run the
+// table run the same version in slot 4v+4, so a state one of them writes
+// is read by the other as newer than its own slot (kept as stored) or as
+// older than its previous change (empty at that change). An unchanged
+// version (or a version that went backwards, kept as transition keeps it)
+// is reduced in its next slot from from (no earlier than its own change),
+// as a lapse reduces it.
+func (n *Node) reducedRow(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, from, now int64) *row {
+	v := ks.Version
+	safe := SafeLimit(ks.Budget, n.safe, len(n.cfg.Regions))
+	if o != nil && v <= o.version {
+		if v < o.version {
+			n.regressions.Add(1)
+			ks = nil // keep o's budget
+		}
+		nr := *o
+		if o.sub%2 == 0 {
+			nr = n.reduce(o, max(o.sched.Current.Effective, from))
+		}
+		if ks != nil {
+			nr.budget = ks.Budget
+		}
+		return &nr
+	}
+	prev := gcra.Version{Limit: safe, Epoch: coldEpoch}
+	if o != nil {
+		// What runs until eff: never a change still pending now.
+		prev = inForceAt(&o.sched, min(now, eff))
+		if o.sched.Current.Effective > now {
+			lim = minLimit(lim, o.sched.Current.Limit)
+		}
+	}
+	red := minLimit(minLimit(prev.Limit, safe), lim)
+	return &row{version: v, sub: 1, budget: ks.Budget,
+		sched: change(prev, gcra.Version{Limit: red, Epoch: epochOf(v, 1), Effective: eff})}
+}
+
+// change is the schedule switching from prev to cur, never before prev
+// took effect: a table can arrive after a change it predates (a lease
+// lapsed, or shares were restored, after the table's effective time), and
+// a schedule whose current version takes effect before its previous one is
+// one no store accepts. The store keeps running prev until then, as the
+// node's earlier schedule had it do.
+func change(prev, cur gcra.Version) gcra.Schedule {
+	cur.Effective = max(cur.Effective, prev.Effective)
+	return gcra.Change(prev, cur)
 }
 
 // reduce is o run at min(last limit, safe limit) from now on, in the next
@@ -201,7 +287,7 @@ func (n *Node) reduce(o *row, now int64) row {
 		// A pending change: never more than it grants either.
 		lim = minLimit(lim, o.sched.Current.Limit)
 	}
-	nr.sched = gcra.Change(last, gcra.Version{Limit: lim, Epoch: epochOf(o.version, nr.sub), Effective: now})
+	nr.sched = change(last, gcra.Version{Limit: lim, Epoch: epochOf(o.version, nr.sub), Effective: now})
 	return nr
 }
 
@@ -223,19 +309,41 @@ func (n *Node) lapse(now int64) {
 	n.publish(&s)
 }
 
-// InForce returns the table in force at now (µs): the newest applied one
-// whose effective time has passed, else the one before it (0, 0 for
-// none). Reports carry it, and an agent acknowledges it to the coordinator.
-// Call it on the Tick/Apply goroutine.
+// Schedule returns the schedule the node would pass its store for key (a
+// key name, KeyName) under rule (the policy rule that governs it:
+// Policy.RuleForKey) in its next decision, under the table in force: the
+// regional limit, the one it replaces and when (the store picks by its own
+// clock, Previous before Current.Effective). A key whose table budget
+// differs from the rule's limit counts in Stats.Reduced, as in a decision.
+// For views and checkers; safe for many goroutines.
+func (n *Node) Schedule(rule *Rule, key string) gcra.Schedule {
+	return n.schedule(n.snap.Load(), rule, key)
+}
+
+// InForce returns the newest table surely in force on the store at now
+// (µs on the node's clock): one whose effective time plus MaxSkew has
+// passed, since the store switches on its own clock (Redis TIME), which may
+// lag the node's by MaxSkew. That is the newest applied table once its
+// effective time plus MaxSkew has passed; before then the table it
+// superseded, once that one's effective time plus MaxSkew has passed (it
+// runs on the store until the newer one takes effect); else the table
+// surely in force when the newest was applied (0, 0 for none). So an
+// acknowledgement never names a table before its effective time plus
+// MaxSkew. Reports carry it, and an agent acknowledges it to the
+// coordinator. Call it on the Tick/Apply goroutine.
 func (n *Node) InForce(now int64) (term, epoch uint64) {
-	s := n.snap.Load()
-	// The store switches on its own clock (Redis TIME): only once the
-	// effective time has passed by more than the skew allowed is the table
-	// surely in force there.
-	if now < s.effective+n.cfg.MaxSkew.Microseconds() {
-		return s.prevTerm, s.prevEpoch
+	return n.inForce(n.snap.Load(), now)
+}
+
+func (n *Node) inForce(s *snapshot, now int64) (term, epoch uint64) {
+	skew := n.cfg.MaxSkew.Microseconds()
+	switch {
+	case now >= s.effective+skew:
+		return s.term, s.epoch
+	case s.hasMid && now >= s.midEffective+skew:
+		return s.midTerm, s.midEpoch
 	}
-	return s.term, s.epoch
+	return s.prevTerm, s.prevEpoch
 }
 
 // Tick closes the report interval if now (µs) has left it and returns this

@@ -1,6 +1,7 @@
 package region
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/meridian-quota/meridian/gcra/memstore"
@@ -64,5 +65,39 @@ func TestTableStateIssuedAndSafeShare(t *testing.T) {
 	}
 	if got := n.Table().Issued; got != now {
 		t.Errorf("after the next table: Issued = %d, want %d", got, now)
+	}
+}
+
+// A node refuses a table not ordered after the one it holds, by (term,
+// epoch), whatever its epoch (ErrStaleTable), and a refused table changes
+// nothing. (Moved here from the model agent of rebalance's transition
+// tests.)
+func TestNodeRefusesOlderTable(t *testing.T) {
+	tests := []struct {
+		give       [][2]uint64
+		wantAccept []bool
+	}{
+		{[][2]uint64{{2, 5}, {1, 9}, {2, 5}, {2, 4}, {2, 6}, {3, 1}, {2, 99}}, []bool{true, false, false, false, true, true, false}},
+		{[][2]uint64{{1, 1}, {1, 2}, {1, 1}}, []bool{true, true, false}},
+	}
+	const now = int64(1_700_000_000_000_000)
+	for _, tt := range tests {
+		n, err := NewNode(DefaultConfig("eu", "eu-1", regions...), mustPolicy(t, testPolicy), &breakable{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := [2]uint64{}
+		for i, te := range tt.give {
+			err := n.Apply(table(te[0], te[1], now, now, 1, 500_000, acme), now)
+			if got := err == nil; got != tt.wantAccept[i] || (err != nil && !errors.Is(err, ErrStaleTable)) {
+				t.Errorf("after %v, Apply (%d,%d) = %v, want accepted %v", tt.give[:i], te[0], te[1], err, tt.wantAccept[i])
+			}
+			if err == nil {
+				held = te
+			}
+			if st := n.Table(); [2]uint64{st.Term, st.Epoch} != held {
+				t.Errorf("after %v: holds (%d,%d), want %v", tt.give[:i+1], st.Term, st.Epoch, held)
+			}
+		}
 	}
 }

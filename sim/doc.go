@@ -6,7 +6,9 @@
 // pair one-way latency with jitter and loss, partitions, region loss,
 // coordinator failover, Redis outages (exercising the failure modes) and
 // clock skew. Nothing here decides, shares, leases or rebalances on its
-// own.
+// own. A region's skewed clock is its store's clock and its agents' wall
+// clock; each agent's time comes from it through a region.Clock, exactly
+// as the agent shell's comes from the host's wall clock.
 //
 // The yardstick is the oracle: one GCRA with each key's full budget seeing
 // every request at its arrival time. Metrics follow ARCHITECTURE.md ("The
@@ -32,6 +34,25 @@
 // every sum runs in key order, so the same scenario and seed give
 // byte-identical JSON whatever the number of workers. Memory is per key
 // and per key-region (streaming window counters), never per request.
+//
+// The transition world (transition_test.go) is the protocol's safety
+// test, in the style of FoundationDB's simulation and TigerBeetle's VOPR:
+// the real coordinator and real region.Nodes — one memstore per region,
+// shared by its agents, on the region's virtual clock; each agent's time
+// its host's wall clock (skewed, stepping back and forth) through a
+// region.Clock — driven in the shells' call order (Apply on delivery;
+// Tick, then InForce's acknowledgement, every agent tick; MemberChange
+// before StartTerm) under random fault schedules from a printed seed:
+// delays, loss, late and out-of-order tables, region and agent
+// partitions, late joiners, coordinator failover from the latest stored
+// table, small bursts and unequal floors. After every event, for every
+// key, Σ over regions of the share each region's store would enforce for
+// the next decision (the largest over its agents of the limit
+// Node.Schedule selects at the store's clock, as ceil(T·10⁶/T_r) ppm) is at
+// most 10⁶ and Σ of those bursts at most the key's burst. A failing seed
+// prints itself and a trace; go test ./sim -run TestTransitionRandom -seed
+// N replays it, -seeds sets how many run (120 per case, 20 under the race
+// detector).
 //
 // Control cost counts what gossip/wire would put on the wire: each report,
 // ack and signed table is sized exactly (ReportSize, AckSize, TableSize,

@@ -129,12 +129,18 @@ type regionState struct {
 	store  *memstore.Store
 	fail   failStore
 	nodes  []*region.Node
-	acked  [][2]uint64 // per agent: the (term, epoch) last acknowledged
+	clocks []region.Clock // per agent: its time, from its host's wall clock (nodeNow)
+	acked  [][2]uint64    // per agent: the (term, epoch) last acknowledged
 	down   bool
 	rr     int
 	weight float64
 	first  int // index of this region's first agent among all agents
 }
+
+// nodeNow is agent a's time at t: its host's wall clock (the region's
+// skewed clock, which its store reads too) through its region.Clock, as
+// the agent shell computes it.
+func (rg *regionState) nodeNow(a int, t int64) int64 { return rg.clocks[a].Now(t + rg.skew) }
 
 // failStore is the region's store as the Node sees it: the memstore, or
 // an error while the region's Redis is out.
@@ -434,6 +440,7 @@ func (r *Run) buildRegions() error {
 				return err
 			}
 			st.nodes = append(st.nodes, n)
+			st.clocks = append(st.clocks, region.Clock{})
 			st.acked = append(st.acked, [2]uint64{})
 		}
 		r.regions = append(r.regions, st)
@@ -461,14 +468,16 @@ func (r *Run) startCoordinator(now int64) error {
 	}
 	c.SetPolicyVersion(r.policy.Version())
 	r.term++
-	if err := c.StartTerm(r.term, r.stored, now); err != nil {
-		return err
-	}
-	r.coord, r.coordUp = c, true
-	r.members = nil
+	// Membership before the term starts, as the shell does: the term's
+	// first table names the live agents.
+	r.coord, r.members = c, nil
 	if err := r.membership(); err != nil {
 		return err
 	}
+	if err := c.StartTerm(r.term, r.stored, now); err != nil {
+		return err
+	}
+	r.coordUp = true
 	r.publish()
 	return nil
 }
@@ -747,8 +756,8 @@ func (r *Run) handle(e *event) error {
 			return nil
 		}
 		t := e.msg.(*rebalance.Table)
-		for _, n := range rg.nodes {
-			if err := n.Apply(t, e.t+rg.skew); err != nil && !errors.Is(err, region.ErrStaleTable) {
+		for a, n := range rg.nodes {
+			if err := n.Apply(t, rg.nodeNow(a, e.t)); err != nil && !errors.Is(err, region.ErrStaleTable) {
 				return fmt.Errorf("sim: apply table: %w", err)
 			}
 		}
@@ -880,7 +889,7 @@ func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 			}
 			k.prep[rg.first+a] = p
 		}
-		d, err := n.DecidePrepared(r.ctx, rg.clock, p, cost)
+		d, err := n.DecidePrepared(r.ctx, rg.nodeNow(a, r.now), p, cost)
 		if err != nil {
 			panic(fmt.Sprintf("sim: decide %s: %v", k.name, err))
 		}
@@ -917,10 +926,11 @@ func (r *Run) reserve(i, ri int, cost int64, attempt int) {
 	}
 	rg.clock = r.now + rg.skew
 	rg.fail.down = r.redisDown(ri, r.now)
-	n := rg.nodes[rg.rr%len(rg.nodes)]
+	a := rg.rr % len(rg.nodes)
+	n := rg.nodes[a]
 	rg.rr++
 	k.req.Cost = cost
-	if err := n.Reserve(r.ctx, rg.clock, &k.req, maxWait, &r.rd); err != nil {
+	if err := n.Reserve(r.ctx, rg.nodeNow(a, r.now), &k.req, maxWait, &r.rd); err != nil {
 		panic(fmt.Sprintf("sim: reserve %s: %v", k.name, err)) // one limit per key: a bug
 	}
 	d := &r.rd
@@ -1083,7 +1093,7 @@ func (r *Run) agentTick(ri, a int) {
 		return
 	}
 	n := rg.nodes[a]
-	local := r.now + rg.skew
+	local := rg.nodeNow(a, r.now)
 	if rep := n.Tick(local); rep != nil && !r.baseline() {
 		bytes, msgs := wire.ReportSize(wireCluster, rep, local, wire.DefaultMaxMessage)
 		r.send(ri, evReport, int32(ri), int32(a), rep, bytes, msgs)

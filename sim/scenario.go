@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"embed"
 	"errors"
 	"fmt"
@@ -487,6 +488,12 @@ func (s *Scenario) Validate() error {
 	}
 	if s.MaxSkew != 0 && 2*maxSkew > s.MaxSkew.D() {
 		bad("max_skew", "%s: below twice the largest region clock skew (%s): the coordinator's safety wait assumes it bounds the skew between any two regions", s.MaxSkew.D(), maxSkew)
+	}
+	if def := rebalance.DefaultConfig(); s.MaxSkew >= 0 && s.Fence >= 0 {
+		fence, skew := cmp.Or(s.Fence.D(), def.Fence), cmp.Or(s.MaxSkew.D(), def.MaxSkew)
+		if fence < 2*skew {
+			bad("fence", "%s: below twice max_skew (%s), as rebalance.Config.Validate requires", fence, skew)
+		}
 	}
 	if s.Lease < 0 || s.MaxSkew < 0 || s.Fence < 0 || s.Shift < 0 || s.Shift > s.Duration {
 		bad("lease, max_skew, fence, shift", "must not be negative (and shift within the run)")

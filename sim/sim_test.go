@@ -100,8 +100,9 @@ func TestAnalyticFullEvenSpread(t *testing.T) {
 
 func TestAnalyticProportionalStationary(t *testing.T) {
 	// No reservations or local leases here, so no fence is needed between
-	// a decrease and its increase; no clock skew, so no skew margin.
-	rep := sweep(t, analytic(t, 0.6, "fence: 1ms\nmax_skew: 1ms\n"), Options{Strategies: []string{"proportional"}, Intervals: []time.Duration{time.Second}})
+	// a decrease and its increase beyond twice the skew; no clock skew, so
+	// a small skew margin.
+	rep := sweep(t, analytic(t, 0.6, "fence: 2ms\nmax_skew: 1ms\n"), Options{Strategies: []string{"proportional"}, Intervals: []time.Duration{time.Second}})
 	r := rep.Runs[0]
 	dev := math.Abs(float64(r.Admitted-r.OracleAdmitted)) / float64(r.OracleAdmitted)
 	if dev > 0.01 {
@@ -267,6 +268,7 @@ workload: {rate: 100}
 		{"jitter above mean", base + "latency: {mean: 10ms, jitter: 20ms}\n", "latency.jitter: 20ms above the mean 10ms"},
 		{"loss of 1", base + "latency: {mean: 10ms, loss: 1}\n", "latency.loss: 1: must be in [0, 1)"},
 		{"skew beyond max_skew", strings.Replace(base, "{name: us}", "{name: us, clock_skew: 400ms}", 1) + "max_skew: 500ms\n", "max_skew: 500ms: below twice the largest region clock skew"},
+		{"fence below twice the skew", base + "fence: 1ms\nmax_skew: 1ms\n", "fence: 1ms: below twice max_skew (1ms)"},
 		{"unknown link region", base + "links: [{from: eu, to: mars, mean: 1ms}]\n", `links[0].to: unknown region "mars"`},
 		{"unknown strategy", base + "strategies: [fifo]\n", `strategies[0]: unknown strategy "fifo"`},
 		{"home strategy", base + "strategies: [home]\n", `"home" needs one home region`},

@@ -117,7 +117,8 @@ type recorder struct {
 	safe   uint32
 	mu     sync.Mutex
 	last   map[string]uint32
-	table  *rebalance.Table // the last applied
+	table  *rebalance.Table            // the last applied
+	firsts map[uint64]*rebalance.Table // per term, the first table applied
 }
 
 func (r *recorder) Applied(t *rebalance.Table, err error) {
@@ -130,6 +131,12 @@ func (r *recorder) Applied(t *rebalance.Table, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.table = t
+	if r.firsts == nil {
+		r.firsts = map[uint64]*rebalance.Table{}
+	}
+	if r.firsts[t.Term] == nil {
+		r.firsts[t.Term] = t
+	}
 	seen := map[string]bool{}
 	for _, ks := range t.Keys {
 		seen[ks.Key] = true
@@ -518,6 +525,24 @@ func TestClusterFailover(t *testing.T) {
 	})
 	t.Logf("a table under the new term applied %v after the old coordinator died", time.Since(killed))
 	term := uint64(counter(t, c.agents[home].reg, "meridian_cluster_table_term", nil))
+	// The new term's first table names the surviving agents, so that its
+	// first decrease waits for them (it names the stored table's agents
+	// and the live members: the coordinator learns membership before the
+	// term starts). On 2023668 it named none: StartTerm came before the
+	// first membership sync.
+	rec := c.agents[home].rec
+	rec.mu.Lock()
+	first := rec.firsts[term]
+	rec.mu.Unlock()
+	if first == nil {
+		t.Errorf("%s never applied the first table of term %d", home, term)
+	} else {
+		for i, r := range first.Regions {
+			if r != old.name && !slices.Contains(first.Agents[i], r+"-1") {
+				t.Errorf("the first table of term %d names %v in %s, want %s-1", term, first.Agents[i], r, r)
+			}
+		}
+	}
 	for _, r := range tNames {
 		if r == old.name {
 			continue

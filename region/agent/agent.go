@@ -56,7 +56,11 @@ type Agent struct {
 	health *health.Server
 	ready  atomic.Bool
 	pool   sync.Pool // *work
-	now    func() int64
+	// now is the node's time: the wall clock (wall, µs since the Unix
+	// epoch) through clock, which never goes back (region.Clock).
+	now   func() int64
+	wall  func() int64
+	clock region.Clock
 
 	decisions *prometheus.CounterVec
 	byLimit   *prometheus.CounterVec
@@ -111,12 +115,13 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	if log == nil {
 		log = slog.Default()
 	}
-	// The node's clock: Unix µs, advanced by the monotonic clock, so the
-	// deny cache and the local failure mode never see time go back.
-	start := time.Now()
-	base := start.UnixMicro()
+	// The node's clock: the wall clock, as leases and effective times are
+	// instants on the coordinator's wall clock (a start-up error goes away
+	// when NTP corrects the host), clamped never to go back (region.Clock)
+	// for the deny cache, the reports and the local failure mode.
 	a := &Agent{cfg: cfg, node: node, log: log, reg: prometheus.NewRegistry(), health: health.NewServer(),
-		now: func() int64 { return base + time.Since(start).Microseconds() }, reloadCh: make(chan struct{}, 1)}
+		wall: func() int64 { return time.Now().UnixMicro() }, reloadCh: make(chan struct{}, 1)}
+	a.now = func() int64 { return a.clock.Now(a.wall()) }
 	tokens, err := cfg.Auth.Tokens()
 	if err != nil {
 		return nil, err

@@ -126,6 +126,19 @@ func (c *ClusterConfig) validate(bad func(field, format string, a ...any)) {
 			bad("cluster.coordinator."+d.name, "%s: must not be negative", time.Duration(d.v))
 		}
 	}
+	// rebalance.Config.Validate's rule, with the defaults a 0 stands for,
+	// so that the file names the field.
+	def := rebalance.DefaultConfig()
+	fence, skew := time.Duration(c.Coordinator.Fence), time.Duration(c.Coordinator.MaxSkew)
+	if fence == 0 {
+		fence = def.Fence
+	}
+	if skew == 0 {
+		skew = def.MaxSkew
+	}
+	if fence >= 0 && skew >= 0 && fence < 2*skew {
+		bad("cluster.coordinator.fence", "%s: must be at least twice max_skew (%s): a store running ahead could start an increase before a store running behind has the decrease it pays for", fence, skew)
+	}
 	if f := c.Coordinator.SafeFraction; f < 0 || f >= 1 {
 		bad("cluster.coordinator.safe_fraction", "%v: must be in [0, 1)", f)
 	}

@@ -18,6 +18,10 @@ func TestClusterConfig(t *testing.T) {
 		{"plaintext gossip", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946}, coordinator: {verify_keys_env: K}}\n", "gossip would be unencrypted"},
 		{"negative lease", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K, lease: -1s}}\n", "cluster.coordinator.lease: -1s"},
 		{"unknown field", "cluster: {name: c, natz: {}}\n", "field natz not found"},
+		// Fails on 2023668: accepted (only rebalance's Validate, at start,
+		// checked the fence against the lease, and not against the skew).
+		{"fence below twice the skew", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K, fence: 900ms}}\n", "cluster.coordinator.fence: 900ms: must be at least twice max_skew (500ms)"},
+		{"skew above half the default fence", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K, max_skew: 1500ms}}\n", "cluster.coordinator.fence: 2s: must be at least twice max_skew (1.5s)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

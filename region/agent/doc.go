@@ -7,7 +7,9 @@
 //
 // Every decision is the node's (region.Node): the agent maps an RLS or
 // JSON request onto a region.Request, calls Node.Decide (or Reserve) with
-// its own monotonic clock, and maps the answer back — one status per
+// the host's wall clock in µs clamped never to go back (region.Clock: a
+// step back stands still until the wall clock catches up; no start-up
+// error is kept), and maps the answer back — one status per
 // descriptor in request order, current_limit the global limit the key was
 // sold, limit_remaining what this region will still admit now,
 // duration_until_reset the reset when OK and the retry-after when over

@@ -64,7 +64,7 @@ func (a *Agent) shareInForce(stat string, inTable, lapsed func(*shareStats) floa
 		Name: "meridian_share_in_force_ppm",
 		Help: "This region's share (ppm) of the global limits over the keys of the table applied last: " +
 			"stat=mean weighs every key equally, stat=rate_weighted weighs each by its budget's rate (the region's part of the summed global rate). " +
-			"The safe share before the first table (or with a table naming no keys); each key at min(share, safe share) once the lease lapsed. " +
+			"The safe share before the first table (or with a table naming no keys); each key at min(share, safe share) once the lease lapsed or while the table does not name this agent. " +
 			"Regions running the same table sum to at most 1e6.",
 		ConstLabels: prometheus.Labels{"stat": stat},
 	}, func() float64 {
@@ -72,7 +72,7 @@ func (a *Agent) shareInForce(stat string, inTable, lapsed func(*shareStats) floa
 		switch {
 		case st == nil || !tab.HasTable:
 			return float64(a.node.SafeShare())
-		case tab.Lapsed:
+		case tab.Lapsed || !tab.Named:
 			return lapsed(st)
 		default:
 			return inTable(st)

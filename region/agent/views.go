@@ -69,9 +69,12 @@ type TableView struct {
 	LeaseExpiryUs int64   `json:"lease_expiry_us"`
 	LeaseLeftMs   float64 `json:"lease_left_ms"`
 	Lapsed        bool    `json:"lapsed"`
-	Keys          int     `json:"keys"`
-	PolicyVersion string  `json:"policy_version"`
-	NowUs         int64   `json:"now_us"`
+	// Named says whether the table names this agent; an agent it does not
+	// name runs every key at min(share, safe share).
+	Named         bool   `json:"named"`
+	Keys          int    `json:"keys"`
+	PolicyVersion string `json:"policy_version"`
+	NowUs         int64  `json:"now_us"`
 	// Cluster is the coordinator link's view; absent when standalone.
 	Cluster *ControlStatus `json:"cluster,omitempty"`
 }
@@ -80,7 +83,7 @@ func (a *Agent) handleTable(rw http.ResponseWriter, r *http.Request) {
 	now := a.now()
 	st := a.node.Table()
 	v := TableView{HasTable: st.HasTable, Term: st.Term, Epoch: st.Epoch, LeaseExpiryUs: st.LeaseExpiry,
-		Lapsed: st.Lapsed, Keys: st.Keys, PolicyVersion: a.node.Policy().Version(), NowUs: now}
+		Lapsed: st.Lapsed, Named: st.Named, Keys: st.Keys, PolicyVersion: a.node.Policy().Version(), NowUs: now}
 	v.InForceTerm, v.InForceEpoch = a.node.InForce(now)
 	if st.HasTable {
 		v.LeaseLeftMs = float64(st.LeaseExpiry-now) / 1000

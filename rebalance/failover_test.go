@@ -1,0 +1,254 @@
+package rebalance
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// After a failover the first decrease waits for the agents the stored
+// table named: the new term starts from the stored table's agents and
+// leases, whatever membership says yet. Fails on 2023668, where the shell
+// called StartTerm before the first MemberChange: the term's first table
+// named no agent, the decrease that followed waited for nobody, and the
+// increase went out MaxSkew later while a1, which never had the decrease,
+// still ran a's stored share — Σ in force 1,720,000 ppm (a 860,000 and
+// the increase's b 860,000). With membership known before StartTerm (the
+// order the shell and the simulator use now) the first table names them
+// too.
+func TestFailoverFirstDecreaseWaitsForTheStoredAgents(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	old := started(t, cfg, budget("k"))
+	members := []Member{{Region: "a", Agent: "a1"}, {Region: "b", Agent: "b1"}}
+	if err := old.MemberChange(members); err != nil {
+		t.Fatal(err)
+	}
+	observe(t, old, "a", "a1", 0, sec, map[string]int64{"k": 900})
+	observe(t, old, "b", "b1", 0, sec, map[string]int64{"k": 100})
+	old.Tick(sec)
+	take(old)
+	settle(t, old, sec)
+	stored := old.Latest()
+	if s := sharesOf(stored, "k"); s[0] < 800_000 || !slices.EqualFunc(stored.Agents, [][]string{{"a1"}, {"b1"}}, slices.Equal) {
+		t.Fatalf("setup: stored shares %v agents %v, want most of k in a, a1 and b1 named", s, stored.Agents)
+	}
+	for _, membersFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("members first %v", membersFirst), func(t *testing.T) {
+			c := mustCoordinator(t, cfg, budget("k"))
+			start := 2 * sec
+			if membersFirst {
+				if err := c.MemberChange(members); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c.StartTerm(2, stored, start); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.MemberChange(members); err != nil {
+				t.Fatal(err)
+			}
+			first := take(c)[0]
+			if !slices.EqualFunc(first.Agents, stored.Agents, slices.Equal) {
+				t.Errorf("the term's first table names %v, want the stored table's %v", first.Agents, stored.Agents)
+			}
+			for _, a := range []string{"a1", "b1"} {
+				if err := c.Ack(a[:1], a, first.Term, first.Epoch); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Demand moves to b; b1 acknowledges every table, a1 never
+			// receives the decrease (lost), so it runs a's stored share.
+			var dec, inc *Table
+			for now := start + 10_000; now <= start+4*sec; now += 10_000 {
+				if now%sec == 0 {
+					// a1's reports say it runs the term's first table.
+					if err := c.Observe(&Report{Region: "a", Agent: "a1", Interval: now/sec - 1, Term: first.Term, Epoch: first.Epoch,
+						Keys: []KeyDemand{{Key: "k", Demand: Demand{Offered: 100, OfferedCost: 100}}}}, now); err != nil {
+						t.Fatal(err)
+					}
+					observe(t, c, "b", "b1", now/sec-1, now, map[string]int64{"k": 900})
+				}
+				c.Tick(now)
+				for _, tb := range take(c) {
+					switch {
+					case dec == nil && sharesOf(tb, "k")[0] < sharesOf(stored, "k")[0]:
+						dec = tb
+					case dec != nil && sharesOf(tb, "k")[1] > sharesOf(stored, "k")[1]:
+						inc = tb
+					}
+					if err := c.Ack("b", "b1", tb.Term, tb.Epoch); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if inc != nil {
+					break
+				}
+			}
+			if dec == nil {
+				t.Fatal("no decrease of a after the failover")
+			}
+			if inc != nil {
+				t.Fatalf("increase (%d,%d) at %dµs, %dµs after the decrease, without a1's acknowledgement: Σ in force %d ppm (a1 runs a's stored %d)",
+					inc.Term, inc.Epoch, inc.Issued, inc.Issued-dec.Issued, sharesOf(stored, "k")[0]+sharesOf(inc, "k")[1], sharesOf(stored, "k")[0])
+			}
+			// a1 gets the decrease and acknowledges it: the increase follows.
+			now := start + 4*sec + 10_000
+			if err := c.Ack("a", "a1", dec.Term, dec.Epoch); err != nil {
+				t.Fatal(err)
+			}
+			c.Tick(now)
+			for _, tb := range take(c) {
+				if sharesOf(tb, "k")[1] > sharesOf(dec, "k")[1] {
+					inc = tb
+				}
+			}
+			if inc == nil {
+				t.Error("no increase after a1 acknowledged the decrease")
+			}
+		})
+	}
+}
+
+// An agent that falls silent is still named (until the lease in the last
+// table issued while it was live, plus skew), and each table naming it may
+// reach it and let it run that table's shares until the table's lease. So
+// once it is no longer named, a decrease of its region still waits for it
+// until the lease of its region in the last table that named it, plus
+// skew. Fails on 2023668: the decrease waited only for the agents the
+// previous table named, and the increase went out on a1's acknowledgement
+// at 11.01 s, while a2 could still run a's old share (860,000 ppm) under
+// the lease of the last table naming it, until 14.1 s.
+func TestDecreaseWaitsForAnAgentItNoLongerNames(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	skew := int64(cfg.MaxSkew / time.Microsecond)
+	c := started(t, cfg, budget("k"))
+	if err := c.MemberChange([]Member{{Region: "a", Agent: "a1"}, {Region: "a", Agent: "a2"}, {Region: "b", Agent: "b1"}}); err != nil {
+		t.Fatal(err)
+	}
+	silentAt := 3 * sec
+	var lastNaming, dropped, dec, inc *Table
+	for now := int64(10_000); now <= 30*sec && inc == nil; now += 10_000 {
+		if now == silentAt {
+			if err := c.MemberChange([]Member{{Region: "a", Agent: "a1"}, {Region: "b", Agent: "b1"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if now%sec == 0 {
+			i := now/sec - 1
+			demandA := int64(900)
+			if dropped != nil {
+				demandA = 100 // a table no longer names a2: demand moves to b
+			}
+			observe(t, c, "a", "a1", i, now, map[string]int64{"k": demandA})
+			if now < silentAt {
+				observe(t, c, "a", "a2", i, now, nil) // serves nobody: dropping it moves no share
+			}
+			observe(t, c, "b", "b1", i, now, map[string]int64{"k": 1000 - demandA})
+		}
+		c.Tick(now)
+		for _, tb := range take(c) {
+			if slices.Contains(tb.Agents[0], "a2") {
+				lastNaming = tb
+			} else if lastNaming != nil && dropped == nil {
+				dropped = tb
+			} else if dropped != nil && dec == nil && sharesOf(tb, "k")[0] < sharesOf(lastNaming, "k")[0] {
+				dec = tb
+			} else if dec != nil && sharesOf(tb, "k")[1] > sharesOf(dec, "k")[1] {
+				inc = tb
+			}
+			for _, a := range []string{"a1", "b1"} { // a2 never answers
+				if err := c.Ack(a[:1], a, tb.Term, tb.Epoch); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	switch {
+	case lastNaming == nil || dropped == nil || dec == nil || inc == nil:
+		t.Fatalf("setup: last table naming a2 %v, first not naming it %v, decrease %v, increase %v", lastNaming != nil, dropped != nil, dec != nil, inc != nil)
+	case slices.Contains(dec.Agents[0], "a2") || sharesOf(dropped, "k")[0] != sharesOf(lastNaming, "k")[0]:
+		t.Fatalf("setup: the decrease names a2 %v, or a's share fell before a2 was dropped", dec.Agents)
+	case inc.Issued < lastNaming.Leases[0]+skew:
+		t.Errorf("increase issued at %dµs on a1's acknowledgement, before a2's lease from (%d,%d) plus skew (%dµs): a2 may still run a's %d",
+			inc.Issued, lastNaming.Term, lastNaming.Epoch, lastNaming.Leases[0]+skew, sharesOf(lastNaming, "k")[0])
+	}
+}
+
+// A term started from a stored table that names no agent in a region (it
+// dropped them all) cannot know who may still run an older table there:
+// a decrease of that region waits for the stored lease plus skew. Fails on
+// 2023668: with nobody to wait for, the increase went out MaxSkew (100 ms)
+// after the decrease, at 3.1 s, before a's stored lease plus skew (6.2 s).
+func TestFailoverRegionWithNoStoredAgentWaitsForItsLease(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	skew := int64(cfg.MaxSkew / time.Microsecond)
+	old := started(t, cfg, budget("k"))
+	observe(t, old, "a", "a1", 0, sec, map[string]int64{"k": 900})
+	observe(t, old, "b", "b1", 0, sec, map[string]int64{"k": 100})
+	old.Tick(sec)
+	take(old)
+	settle(t, old, sec)
+	stored := *old.Latest()
+	stored.Agents = [][]string{nil, {"b1"}} // a's agents dropped from the table
+	c := mustCoordinator(t, cfg, budget("k"))
+	start := 2 * sec
+	if err := c.MemberChange([]Member{{Region: "b", Agent: "b1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartTerm(2, &stored, start); err != nil {
+		t.Fatal(err)
+	}
+	var dec, inc *Table
+	for now := start + 10_000; now <= start+10*sec && inc == nil; now += 10_000 {
+		if now%sec == 0 {
+			// a1 reports again (it was only cut off from membership):
+			// the decrease of a follows at once, after a table that
+			// named nobody in a.
+			observe(t, c, "a", "a1", now/sec-1, now, map[string]int64{"k": 100})
+			observe(t, c, "b", "b1", now/sec-1, now, map[string]int64{"k": 900})
+		}
+		c.Tick(now)
+		for _, tb := range take(c) {
+			switch {
+			case dec == nil && sharesOf(tb, "k")[0] < sharesOf(&stored, "k")[0]:
+				dec = tb
+			case dec != nil && sharesOf(tb, "k")[1] > sharesOf(dec, "k")[1]:
+				inc = tb
+			}
+			if err := c.Ack("b", "b1", tb.Term, tb.Epoch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	switch {
+	case dec == nil || inc == nil:
+		t.Fatalf("setup: decrease %v, increase %v", dec != nil, inc != nil)
+	case dec.Issued >= stored.Leases[0]:
+		t.Fatalf("setup: the decrease at %dµs came after a's stored lease %dµs", dec.Issued, stored.Leases[0])
+	case inc.Issued < stored.Leases[0]+skew:
+		t.Errorf("increase issued at %dµs, %dµs after the decrease, before a's stored lease plus skew (%dµs)", inc.Issued, inc.Issued-dec.Issued, stored.Leases[0]+skew)
+	}
+}
+
+// An agent closes its report interval on its own clock, which may run up to
+// MaxSkew ahead of the coordinator's: its report of interval i can arrive
+// before i has closed on the coordinator's clock, and must count. Fails on
+// 2023668: refused as "not closed yet" whenever the agent was further ahead
+// than the report's transit time — every report of such a region was lost
+// and it kept only its floor (found by the transition world: 66 reports of
+// regions 10–20 ms ahead refused in one scripted run).
+func TestObserveAcceptsAReportFromAClockAhead(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	skew := int64(cfg.MaxSkew / time.Microsecond)
+	c := started(t, cfg, budget("k"))
+	rep := func(i int64) *Report {
+		return &Report{Region: "a", Agent: "a1", Interval: i, Keys: []KeyDemand{{Key: "k", Demand: Demand{Offered: 5, OfferedCost: 5}}}}
+	}
+	if err := c.Observe(rep(0), sec-skew); err != nil {
+		t.Errorf("interval 0 at 1 s − MaxSkew, from an agent MaxSkew ahead: %v", err)
+	}
+	if err := c.Observe(rep(1), 2*sec-skew-1); err == nil {
+		t.Error("interval 1 more than MaxSkew before it closed: accepted")
+	}
+}
