@@ -150,14 +150,15 @@ func (g vecGen) state(now int64, s gcra.Schedule) stored {
 	tat = min(max(tat, 0), gcra.MaxTAT)
 	v := stored{st: gcra.State{TAT: tat, Epoch: tag, Exists: true}, ok: true, packed: g.r.IntN(3) == 0}
 	// The expiry is never before the TAT, and lies within 2^37 µs of it
-	// (less a margin) for a packed state, which is read below it.
-	lo := max(tat, now+1000)
+	// (less a margin) for a packed state, which is read below it. It is at
+	// least 2 s away, so the key outlives the vector on the server's clock.
+	lo := max(tat, now+2_000_000)
 	hi := lo + g.r.Int64N(3_600_000_000)
 	if v.packed {
 		hi = min(hi, tat+1<<37-1<<28)
 		if hi < lo {
 			v.st.TAT = now - g.r.Int64N(1<<30) // too far behind for its format: bring it closer
-			lo, hi = now+1000, now+1000+g.r.Int64N(3_600_000_000)
+			lo, hi = now+2_000_000, now+2_000_000+g.r.Int64N(3_600_000_000)
 		}
 	}
 	v.rested = lo + g.r.Int64N(hi-lo+1)

@@ -66,7 +66,7 @@ domains:
         rate_limit: {unit: second, requests_per_unit: 1000, burst: 100, lease: {units: 10, ttl: 1s}}
 `
 		dir := t.TempDir()
-		cfg, err := ParseConfig([]byte(strings.Replace(clusterBase, "%s", ", fence: 500ms", 1) + "reserve_max_wait: 500ms\n"))
+		cfg, err := ParseConfig([]byte(strings.Replace(clusterBase, "%s", ", fence: 500ms, max_skew: 100ms", 1) + "reserve_max_wait: 500ms\n"))
 		if err != nil {
 			t.Fatal(err)
 		}
