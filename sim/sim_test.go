@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,22 @@ func mustScenario(t *testing.T, src string) *Scenario {
 		t.Fatalf("ParseScenario: %v", err)
 	}
 	return sc
+}
+
+// raceEnabled reports whether the test binary was built with -race. The
+// heavy sweeps then run a representative subset; the transition world runs
+// fewer seeds.
+func raceEnabled() bool {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
 }
 
 func sweep(t *testing.T, sc *Scenario, opt Options) *Report {
@@ -50,8 +67,14 @@ intervals: [1s, 2s]
 func TestDeterministicWhateverTheWorkers(t *testing.T) {
 	sc := mustScenario(t, small)
 	var out [2]bytes.Buffer
+	opt := Options{KeyDetail: true}
+	if raceEnabled() {
+		// Fewer cells, still several per worker (see TestClosedNeverOverAdmits).
+		opt.Intervals = []time.Duration{time.Second}
+	}
 	for i, workers := range []int{1, 3} {
-		rep := sweep(t, sc, Options{Workers: workers, KeyDetail: true})
+		opt.Workers = workers
+		rep := sweep(t, sc, opt)
 		if err := rep.WriteJSON(&out[i]); err != nil {
 			t.Fatal(err)
 		}
@@ -193,16 +216,27 @@ workload: {rate: 1}
 // With failure_mode closed and no shadow mode, no Meridian strategy may
 // admit beyond the budget in any window — through partitions, region loss
 // and coordinator failover.
+//
+// Under the race detector it runs a representative subset (one scenario,
+// two strategies, one interval): the detector looks for races in the code
+// the sweep runs, not for the verdict, which the full matrix holds without
+// it (.ci/run runs this package both ways).
 func TestClosedNeverOverAdmits(t *testing.T) {
 	strategies := []string{"static", "proportional", "ewma", "maxmin", "doorman-proportional", "doorman-fair"}
-	for _, name := range []string{"partition", "region-failover", "coordinator-failover"} {
+	scenarios := []string{"partition", "region-failover", "coordinator-failover"}
+	intervals := []time.Duration{time.Second, 5 * time.Second}
+	duration := 100 * time.Second
+	if raceEnabled() {
+		strategies, scenarios, intervals, duration = []string{"ewma", "maxmin"}, scenarios[2:], intervals[:1], 60*time.Second
+	}
+	for _, name := range scenarios {
 		t.Run(name, func(t *testing.T) {
 			sc, err := Builtin(name)
 			if err != nil {
 				t.Fatal(err)
 			}
-			sc.Duration = Duration(100 * time.Second)
-			rep := sweep(t, sc, Options{Strategies: strategies, Intervals: []time.Duration{time.Second, 5 * time.Second},
+			sc.Duration = Duration(duration)
+			rep := sweep(t, sc, Options{Strategies: strategies, Intervals: intervals,
 				Seeds: []uint64{1}, KeyDetail: true})
 			for _, r := range rep.Runs {
 				if r.OABudget.Max != 0 {
@@ -382,6 +416,9 @@ func TestReservingClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	base.Duration = Duration(60 * time.Second)
+	if raceEnabled() {
+		base.Warmup, base.Duration = Duration(5*time.Second), Duration(20*time.Second) // see TestClosedNeverOverAdmits
+	}
 	base.Seeds = []uint64{1}
 	run := func(retry *RetrySpec) *Result {
 		sc := *base
@@ -422,7 +459,12 @@ func TestMixedReserveHoldsTheBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := sweep(t, sc, Options{KeyDetail: true})
+	opt := Options{KeyDetail: true}
+	if raceEnabled() {
+		// A representative subset (see TestClosedNeverOverAdmits).
+		opt.Strategies, opt.Intervals = []string{"ewma"}, []time.Duration{time.Second}
+	}
+	rep := sweep(t, sc, opt)
 	for _, r := range rep.Runs {
 		t.Logf("%s at %s: OA_budget mean %.5f max %.5f; admitted %d, oracle %d, offered %d", r.Strategy, r.Interval.D(),
 			r.OABudget.Mean, r.OABudget.Max, r.Admitted, r.OracleAdmitted, r.Offered)

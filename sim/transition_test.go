@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -51,22 +50,6 @@ var (
 	worldSeed  = flag.Uint64("seed", 0, "run TestTransitionRandom with only this seed and print its trace (0: the fixed seeds)")
 	worldSeeds = flag.Int("seeds", 0, "how many fixed seeds TestTransitionRandom runs per case (0: 120, or 20 under the race detector)")
 )
-
-// raceEnabled reports whether the test binary was built with -race: the
-// world then runs fewer seeds (it runs one goroutine; the race detector
-// only slows it down).
-func raceEnabled() bool {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
-}
 
 const ms = int64(1000) // µs
 
