@@ -172,6 +172,35 @@ func (g vecGen) now() int64 {
 	return 1<<50 + g.r.Int64N(1<<52-1<<50) // up to 2^52 µs
 }
 
+// nextVersion is sch after the region's share of the key changes to l (a
+// new table row version), effective at eff, as a node's schedule does: the
+// limit in force at now becomes the previous one.
+func nextVersion(sch gcra.Schedule, l gcra.Limit, version uint64, now, eff int64) gcra.Schedule {
+	prev := sch.Current
+	if sch.HasPrevious && now < sch.Current.Effective {
+		prev = sch.Previous
+	}
+	return gcra.Change(prev, gcra.Version{Limit: l, Epoch: 4*version + 4, Effective: eff})
+}
+
+// expireAt keeps a key's expiry on a test's virtual clock: at now, the key
+// expiring at expiry (µs) is deleted if that has passed, and given the PX
+// left otherwise. It reports whether the key lives on.
+func expireAt(t *testing.T, c *redis.Client, key string, expiry, now int64) bool {
+	t.Helper()
+	ctx := context.Background()
+	if expiry <= now {
+		if err := c.Del(ctx, key).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return false
+	}
+	if err := c.PExpire(ctx, key, pxOf(expiry, now)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return true
+}
+
 // pxOf is the PX the script sets for a state rested at rested, written at
 // now: ceil((rested − now)/1 ms).
 func pxOf(rested, now int64) time.Duration {
@@ -461,28 +490,14 @@ func timeline(t *testing.T, f Format) {
 		}
 		kk := ks[r.IntN(keys)]
 		if r.IntN(3) == 0 {
-			// The region's share of the key changes (a new table row
-			// version), effective now or a little later, as a node's
-			// schedule does: the limit in force at the change becomes the
-			// previous one.
 			kk.version++
-			prev := kk.sch.Current
-			if kk.sch.HasPrevious && now < kk.sch.Current.Effective {
-				prev = kk.sch.Previous
-			}
-			kk.sch = gcra.Change(prev, gcra.Version{Limit: g.share(), Epoch: 4*kk.version + 4, Effective: now + r.Int64N(5_000_000)})
+			kk.sch = nextVersion(kk.sch, g.share(), kk.version, now, now+r.Int64N(5_000_000))
 			changes++
 		}
-		// Expiry on the virtual clock.
 		name := s.RedisKey(kk.k)
 		if kk.st.Exists {
-			if kk.st.Rested <= now {
+			if !expireAt(t, c, name, kk.st.Rested, now) {
 				kk.st = gcra.State{}
-				if err := c.Del(ctx, name).Err(); err != nil {
-					t.Fatal(err)
-				}
-			} else if err := c.PExpire(ctx, name, pxOf(kk.st.Rested, now)).Err(); err != nil {
-				t.Fatal(err)
 			}
 			if kk.st.Exists && kk.st.Epoch != gcra.EpochTag(kk.sch.Current.Epoch) &&
 				(!kk.sch.HasPrevious || kk.st.Epoch != gcra.EpochTag(kk.sch.Previous.Epoch)) {

@@ -95,25 +95,14 @@ func TestRollingUpgrade(t *testing.T) {
 		kk := keys[r.IntN(len(keys))]
 		if r.IntN(4) == 0 {
 			kk.version++
-			prev := kk.sch.Current
-			if kk.sch.HasPrevious && now < kk.sch.Current.Effective {
-				prev = kk.sch.Previous
-			}
-			kk.sch = gcra.Change(prev, gcra.Version{Limit: g.share(), Epoch: 4*kk.version + 4, Effective: now + r.Int64N(30_000_000)})
+			kk.sch = nextVersion(kk.sch, g.share(), kk.version, now, now+r.Int64N(30_000_000))
 		}
 		name := s.RedisKey(kk.k)
 		if kk.meter.Exists && kk.meter.Rested <= now {
 			kk.meter = gcra.State{} // a store may drop a rested key
 		}
-		if kk.expiry != 0 {
-			if kk.expiry <= now {
-				kk.expiry = 0
-				if err := c.Del(ctx, name).Err(); err != nil {
-					t.Fatal(err)
-				}
-			} else if err := c.PExpire(ctx, name, pxOf(kk.expiry, now)).Err(); err != nil {
-				t.Fatal(err)
-			}
+		if kk.expiry != 0 && !expireAt(t, c, name, kk.expiry, now) {
+			kk.expiry = 0
 		}
 		sch := kk.sch
 		if step < phase2 {
