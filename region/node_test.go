@@ -745,26 +745,7 @@ func TestKeyNameRoundTrip(t *testing.T) {
 // The deny cache answers exactly what the store would: two nodes, one with
 // the cache, on twin stores, see the same timeline.
 func TestNodeDenyCacheIsExact(t *testing.T) {
-	var clock atomic.Int64
-	clock.Store(1_700_000_000_000_000)
-	mk := func(cache bool) *Node {
-		ms, err := memstore.New(memstore.Config{Clock: clock.Load, Shards: 1, MaxKeys: 100})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := DefaultConfig("eu", "eu-1", regions...)
-		cfg.DenyCache = cache
-		n, err := NewNode(cfg, mustPolicy(t, testPolicy), ms)
-		if err != nil {
-			t.Fatal(err)
-		}
-		now := clock.Load()
-		if err := n.Apply(table(1, 1, now, now-hour, 1, 500_000, acme, acmeSearch), now); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	with, without := mk(true), mk(false)
+	with, without, clock := denyTwins(t)
 	rng := rand.New(rand.NewPCG(3, 4))
 	var d1, d2 Decision
 	for i := range 2000 {
