@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -44,6 +45,12 @@ const (
 	FailOpen
 	// FailClosed denies.
 	FailClosed
+	// FailError fails the decision as envoyproxy/ratelimit does when its
+	// Redis fails: the RLS call returns an error (counted as a fallback
+	// decision) and Envoy's own failure_mode_deny decides. The default for
+	// limits loaded from upstream's file shape without Meridian's
+	// failure_mode.
+	FailError
 )
 
 func (m FailureMode) String() string {
@@ -52,6 +59,8 @@ func (m FailureMode) String() string {
 		return "open"
 	case FailClosed:
 		return "closed"
+	case FailError:
+		return "error"
 	default:
 		return "local"
 	}
@@ -219,6 +228,34 @@ var ErrPolicy = errors.New("region: invalid policy")
 // at once, each with its path in the file (and line), wrapped in ErrPolicy;
 // unknown fields are errors.
 func ParsePolicy(data []byte) (*Policy, error) {
+	return parsePolicy(data)
+}
+
+// LoadPolicy reads the policy at path: one file in either shape (Meridian's
+// domains: [...] or envoyproxy/ratelimit's one domain: per file), or a
+// directory of such files as upstream's runtime loads them
+// (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/), merged as opt says. Every
+// error names the file, the path within it and the line.
+func LoadPolicy(path string, opt LoadOptions) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePolicy(data)
+}
+
+// LoadOptions are how LoadPolicy reads a directory of upstream files.
+type LoadOptions struct {
+	// MergeDomains merges files that name the same domain
+	// (upstream's MERGE_DOMAIN_CONFIG); otherwise a domain in two files
+	// is an error.
+	MergeDomains bool
+	// IgnoreDotFiles skips files and directories whose names start with a
+	// dot (upstream's RUNTIME_IGNOREDOTFILES).
+	IgnoreDotFiles bool
+}
+
+func parsePolicy(data []byte) (*Policy, error) {
 	// A Decoder, not yaml.Unmarshal: Unmarshal reads the first document
 	// only, so the domains of any later one would be dropped silently (not
 	// even syntax-checked).
@@ -482,6 +519,8 @@ func parseFailureMode(s string) (FailureMode, bool) {
 		return FailOpen, true
 	case "closed":
 		return FailClosed, true
+	case "error":
+		return FailError, true
 	}
 	return 0, false
 }

@@ -100,6 +100,41 @@ type RedisConfig struct {
 	// state) or "packed" (the integer of releases before it, for the first
 	// step of a rolling upgrade from one; see the README's upgrade notes).
 	WriteFormat string `yaml:"write_format"`
+
+	// The fields below are the connection as production runs it (issue 15;
+	// declared here, implemented with their validation and tests by the
+	// change that adds them).
+
+	// Type is "single" (the default), "cluster" or "sentinel".
+	Type string `yaml:"type"`
+	// Addrs are a Cluster's seed nodes or the Sentinels' addresses.
+	Addrs []string `yaml:"addrs"`
+	// MasterName is the Sentinel master's name.
+	MasterName string `yaml:"master_name"`
+	// DB is the database number (single and sentinel only).
+	DB int `yaml:"db"`
+	// Username (ACL) and the password from a file or an environment
+	// variable, never the config file; AuthEnv names a variable in
+	// envoyproxy/ratelimit's REDIS_AUTH form, "password" or
+	// "user:password".
+	Username     string `yaml:"username"`
+	PasswordFile string `yaml:"password_file"`
+	PasswordEnv  string `yaml:"password_env"`
+	AuthEnv      string `yaml:"auth_env"`
+	// TLS to Redis.
+	TLS RedisTLSConfig `yaml:"tls"`
+	// PoolSize is go-redis's connection pool size (0: its default).
+	PoolSize int `yaml:"pool_size"`
+}
+
+// RedisTLSConfig is TLS from the agent to Redis.
+type RedisTLSConfig struct {
+	Enabled            bool   `yaml:"enabled"`
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
 }
 
 // DefaultConfig returns the defaults LoadConfig fills in.
