@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -156,8 +157,10 @@ func wantKey(t *testing.T, c redis.Cmdable, key, where string) {
 // holding only what the agent needs. A missing or wrong password, for the
 // default user or the ACL user, is refused at start with an error naming
 // the settings; the right one decides, from password_file (relative to the
-// config file), password_env or auth_env in either REDIS_AUTH form. db
-// selects the database, and a database the server lacks is refused.
+// config file), password_env or auth_env in either REDIS_AUTH form. A user
+// the ACL denies INFO decides too, with a warning that the kind was not
+// checked. db selects the database, and a database the server lacks is
+// refused.
 func TestRedisAuth(t *testing.T) {
 	const defaultPW, userPW = "default-pw-0123", "user-pw-4567"
 	srv := testenv.StartRedisWith(t, testenv.RedisOptions{Password: defaultPW})
@@ -168,6 +171,12 @@ func TestRedisAuth(t *testing.T) {
 	// INFO for the kind check, and what the script calls, on its keys.
 	acl := []any{"ACL", "SETUSER", "meridian", "on", ">" + userPW, "~" + f.prefix + "*",
 		"+@connection", "+evalsha", "+eval", "+script|load", "+info", "+time", "+get", "+set", "+pttl"}
+	if err := srv.Client().Do(ctx, acl...).Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	// The same without INFO: the kind check is skipped, with a warning.
+	acl[2] = "noinfo"
+	acl = slices.DeleteFunc(acl, func(a any) bool { return a == "+info" })
 	if err := srv.Client().Do(ctx, acl...).Err(); err != nil {
 		t.Fatalf("ACL SETUSER: %v", err)
 	}
@@ -199,6 +208,13 @@ func TestRedisAuth(t *testing.T) {
 		} {
 			rd := f.mustOpen(fields)
 			wantKey(t, admin, decide(t, rd, fmt.Sprintf("k%d", i)), fields)
+		}
+	})
+	t.Run("no INFO", func(t *testing.T) {
+		rd := f.mustOpen(addr + ", username: noinfo, password_env: MERIDIAN_TEST_REDIS_USER_PW")
+		wantKey(t, admin, decide(t, rd, "noinfo"), "user noinfo")
+		if !strings.Contains(f.log.String(), "redis: the user may not run INFO; the kind of Redis is not checked") {
+			t.Errorf("no warning that the kind was not checked:\n%s", f.log.String())
 		}
 	})
 	t.Run("db", func(t *testing.T) {
