@@ -28,8 +28,8 @@ const DefaultRedisAddr = "127.0.0.1:6379"
 // timeout, lanes, write format). cmd/meridian builds the go-redis client
 // from it in one place; this package reads only the files and variables
 // it names (Credentials, RedisTLSConfig.Load). The password is never in
-// this file, and neither it nor the variables' values are ever logged or
-// put in an error.
+// the config file, and neither it nor the variables' values are ever
+// logged or put in an error.
 type RedisConfig struct {
 	// Type is the kind of Redis: "single" (one server, the default),
 	// "cluster" (Redis Cluster: one script call runs on one node, so a
@@ -80,8 +80,14 @@ type RedisConfig struct {
 	// Cluster is the deprecated spelling of Type "cluster" (it only ever
 	// named a seed node in Addr). It still works, with a warning
 	// (Config.Warnings); with Type single or sentinel it is an error.
-	Cluster bool     `yaml:"cluster"`
-	Prefix  string   `yaml:"prefix"`
+	Cluster bool `yaml:"cluster"`
+	// Prefix starts every key the store writes (redisstore.Config.Prefix:
+	// no '{' or '}', at most 64 bytes). The agents of a region share it:
+	// one key's state is one Redis key, whichever agent decides.
+	Prefix string `yaml:"prefix"`
+	// Timeout bounds each Redis call (one batched script call), in (0,
+	// 10s]; past it the breaker counts a failure and the limits'
+	// failure_mode decides.
 	Timeout Duration `yaml:"timeout"`
 	// Lanes is redisstore.Config.Lanes: how many batched script calls the
 	// agent keeps in flight (keys map to a lane by hash slot).
