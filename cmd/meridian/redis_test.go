@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -420,11 +421,11 @@ func poll(timeout time.Duration, cond func() bool) bool {
 	return true
 }
 
-// captureLog is a go-redis logger writing into a buffer.
-type captureLog struct{ buf *testenv.Buffer }
+// captureLog is a go-redis logger writing to w.
+type captureLog struct{ w io.Writer }
 
 func (l captureLog) Printf(_ context.Context, format string, v ...any) {
-	fmt.Fprintf(l.buf, format+"\n", v...)
+	fmt.Fprintf(l.w, "redis: "+format+"\n", v...)
 }
 
 // TestRedisPasswordNeverShown runs `meridian agent` on a redis-server with
@@ -446,7 +447,7 @@ func TestRedisPasswordNeverShown(t *testing.T) {
 	}
 	var redisLog testenv.Buffer
 	redis.SetLogger(captureLog{&redisLog})
-	defer redis.SetLogger(captureLog{&testenv.Buffer{}})
+	defer redis.SetLogger(captureLog{os.Stderr}) // where go-redis's default logger writes
 	f.write("pw", defaultPW+"\n")
 	t.Setenv("MERIDIAN_TEST_REDIS_WRONG", wrongPW)
 	t.Setenv("MERIDIAN_TEST_REDIS_AUTH", "meridian:"+userPW)
