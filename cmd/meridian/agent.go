@@ -13,20 +13,15 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/meridian-quota/meridian/gcra/redisstore"
 	"github.com/meridian-quota/meridian/region"
 	"github.com/meridian-quota/meridian/region/agent"
 )
 
 // agentGCPercent is the agent's GOGC unless the environment sets one.
 const agentGCPercent = 400
-
-// scriptLoadTimeout bounds the agent's wait for Redis at start-up.
-const scriptLoadTimeout = 2 * time.Second
 
 const agentSynopsis = `
 Run a region's agent beside its gateways: Envoy RLS v3 over gRPC and a JSON
@@ -64,43 +59,18 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("%s: %w", cfg.Policy, err)
 	}
-	// redis.cluster picks the client, and tells the node and the policy
-	// checks that a composite's keys must share a slot.
-	var client redis.UniversalClient
-	if cfg.Redis.Cluster {
-		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{cfg.Redis.Addr}, ContextTimeoutEnabled: true})
-	} else {
-		client = redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr, ContextTimeoutEnabled: true})
-	}
-	defer client.Close()
-	scfg := redisstore.DefaultConfig()
-	scfg.Prefix = cfg.Redis.Prefix
-	scfg.Timeout = time.Duration(cfg.Redis.Timeout)
-	scfg.Lanes = cfg.Redis.Lanes
-	if scfg.WriteFormat, err = redisstore.ParseFormat(cfg.Redis.WriteFormat); err != nil {
-		return err
-	}
-	store, err := redisstore.New(client, scfg)
-	if err != nil {
-		return err
-	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	if scfg.WriteFormat == redisstore.FormatPacked {
-		log.Warn("redis.write_format is packed: writing the older releases' format for a rolling upgrade; windows above 36 h decide as zero limits until it is value again")
+	for _, w := range cfg.Warnings() {
+		log.Warn(w)
 	}
-	// Load the script before serving, so the first decisions do not spend
-	// their redis.timeout on a dial, NOSCRIPT and the script's compilation.
-	// A Redis that does not answer is not fatal: the limits' failure modes
-	// decide until it does (and /readyz waits for it).
-	lctx, cancel := context.WithTimeout(ctx, scriptLoadTimeout)
-	if err := store.Load(lctx); err != nil {
-		log.Warn("redis: script not loaded; the first decisions will load it", "addr", cfg.Redis.Addr, "err", err)
-	}
-	err = checkRedisKind(lctx, client, cfg.Redis.Cluster)
-	cancel()
+	// redis.type picks the client, and tells the node and the policy
+	// checks whether a composite's keys must share a slot.
+	rd, err := openRedis(ctx, &cfg.Redis, log)
 	if err != nil {
 		return err
 	}
+	defer rd.Close()
+	client, store := rd.client, rd.store
 	br, err := agent.NewBreaker(cfg.Breaker, store)
 	if err != nil {
 		return err
@@ -182,25 +152,6 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}()
 	log.Info("agent serving", "region", cfg.Region, "agent", cfg.Agent, "grpc", cfg.GRPC, "http", cfg.HTTP,
-		"policy", policy.Version(), "cluster", cfg.Cluster.Name)
+		"policy", policy.Version(), "cluster", cfg.Cluster.Name, "redis", cfg.Redis.Kind(), "redis_addrs", strings.Join(cfg.Redis.Addresses(), ","))
 	return serveWithCluster(ctx, a, cl, func(ctx context.Context) error { return a.Run(ctx, gl, hl) })
-}
-
-// checkRedisKind refuses to start when Redis answers and is not the kind
-// redis.cluster says: a single-node client on a Cluster node would get
-// MOVED for most keys, and the policy would have been checked for the wrong
-// kind of store (a Cluster needs a request's limits in one slot). A Redis
-// that does not answer is not an error here: the failure modes decide until
-// it does.
-func checkRedisKind(ctx context.Context, c redis.UniversalClient, cluster bool) error {
-	info, err := c.Info(ctx, "cluster").Result()
-	switch {
-	case err != nil && cluster && strings.Contains(err.Error(), "cluster support disabled"):
-		return fmt.Errorf("%w: redis.cluster is true, but redis.addr is not a Redis Cluster node (%v)", agent.ErrConfig, err)
-	case err != nil:
-		return nil
-	case !cluster && strings.Contains(info, "cluster_enabled:1"):
-		return fmt.Errorf("%w: redis.addr is a Redis Cluster node: set redis.cluster: true (the policy is then checked for one-slot composites)", agent.ErrConfig)
-	}
-	return nil
 }

@@ -62,8 +62,8 @@ func nodeConfig(cfg *agent.Config) region.Config {
 	n := region.DefaultConfig(cfg.Region, cfg.Agent, cfg.Regions...)
 	n.Interval = time.Duration(cfg.Interval)
 	n.Agents = cfg.Agents
-	n.MaxReserveWait = cfg.ReserveMaxWait.D() // validated against the fence in a cluster
-	n.OneSlot = cfg.Redis.Cluster             // a composite's keys must share a slot
+	n.MaxReserveWait = cfg.ReserveMaxWait.D()          // validated against the fence in a cluster
+	n.OneSlot = cfg.Redis.Kind() == agent.RedisCluster // a composite's keys must share a slot
 	if cfg.Cluster.Enabled() {
 		rc := coordinatorConfig(cfg)
 		n.MaxSkew, n.SafeFraction = rc.MaxSkew, rc.SafeFraction

@@ -1,6 +1,9 @@
 // Package testenv provides the environment helpers that Meridian's tests share:
-// a connection to the shared Redis, private redis-server processes and Redis
-// Clusters started for one test, and unique key prefixes with cleanup.
+// a connection to the shared Redis; private redis-server processes started
+// for one test — plain, with a password (requirepass) or TLS only
+// ([StartRedisWith], certificates from [NewPKI]), Redis Clusters
+// ([StartCluster]) and a Sentinel with a master and a replica
+// ([StartSentinel]); and unique key prefixes with cleanup.
 //
 // It is imported only by _test.go files; production code never depends on it
 // (internal/archtest enforces this).

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -88,9 +89,54 @@ func (s *Server) Client() *redis.Client { return s.client }
 // CI and skips it elsewhere; a server that does not come up fails the test.
 func StartRedis(t testing.TB, args ...string) *Server {
 	t.Helper()
+	return StartRedisWith(t, RedisOptions{Args: args})
+}
+
+// RedisOptions configure a server started by [StartRedisWith].
+type RedisOptions struct {
+	// Password is the default user's password (requirepass); the server
+	// then refuses every command before AUTH. Add ACL users through
+	// [Server.Client], which authenticates with it.
+	Password string
+	// TLS, when set, makes the server speak TLS only (--port 0, the port
+	// is its --tls-port) with the PKI's server certificate, trusting the
+	// PKI's CA for client certificates.
+	TLS *PKI
+	// ClientAuth, with TLS, requires a client certificate the PKI's CA
+	// signed (tls-auth-clients yes); without it, none is asked for.
+	ClientAuth bool
+	// Args are further redis-server arguments.
+	Args []string
+}
+
+// StartRedisWith is [StartRedis] with a password and/or TLS. The readiness
+// check, [Server.Client] and the shutdown all connect as a client that
+// knows the password and, with TLS, trusts the PKI's CA and presents its
+// client certificate.
+func StartRedisWith(t testing.TB, o RedisOptions) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	MustOrSkip(t, err, "redis-server not found")
-	return startServer(t, bin, false, func(int) []string { return args })
+	sp := spec{bin: bin, opts: redis.Options{Password: o.Password}, extra: func(port int) []string {
+		var args []string
+		if o.Password != "" {
+			args = append(args, "--requirepass", o.Password)
+		}
+		if o.TLS != nil {
+			auth := "no"
+			if o.ClientAuth {
+				auth = "yes"
+			}
+			args = append(args, "--port", "0", "--tls-port", strconv.Itoa(port),
+				"--tls-cert-file", o.TLS.ServerCertFile, "--tls-key-file", o.TLS.ServerKeyFile,
+				"--tls-ca-cert-file", o.TLS.CAFile, "--tls-auth-clients", auth)
+		}
+		return append(args, o.Args...)
+	}}
+	if o.TLS != nil {
+		sp.opts.TLSConfig = o.TLS.ClientTLS()
+	}
+	return startServer(t, sp)
 }
 
 // Cluster is a Redis Cluster of private redis-server processes started by
@@ -128,13 +174,13 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	nodes := make([]*Server, n)
 	addrs := make([]string, n)
 	for i := range nodes {
-		nodes[i] = startServer(t, server, true, func(port int) []string {
+		nodes[i] = startServer(t, spec{bin: server, needBus: true, extra: func(port int) []string {
 			return []string{
 				"--cluster-enabled", "yes",
 				"--cluster-config-file", filepath.Join(confDir, fmt.Sprintf("nodes-%d.conf", port)),
 				"--cluster-node-timeout", "2000",
 			}
-		})
+		}})
 		addrs[i] = nodes[i].Addr
 	}
 
@@ -192,21 +238,35 @@ func clusterHealthy(info string, n int) error {
 // errExited reports a server process that exited before it was ready.
 var errExited = errors.New("redis-server exited before it was ready")
 
-// startServer starts bin as a redis-server with the common arguments and
-// extra(port), retrying on a fresh port when the process exits before it is
-// ready, and registers its shutdown. needBus asks for a port whose cluster bus
-// port is free too.
-func startServer(t testing.TB, bin string, needBus bool, extra func(port int) []string) *Server {
+// spec is how to start one server.
+type spec struct {
+	bin string
+	// pre are the arguments before the common ones (a Sentinel's
+	// configuration file must come first).
+	pre []string
+	// extra are the arguments after them, given the port.
+	extra func(port int) []string
+	// needBus asks for a port whose cluster bus port is free too.
+	needBus bool
+	// opts is the connection the readiness check, Server.Client and the
+	// shutdown use (password, TLS); Addr is filled in.
+	opts redis.Options
+}
+
+// startServer starts sp.bin as a redis-server with the common arguments and
+// sp's, retrying on a fresh port when the process exits before it is ready,
+// and registers its shutdown.
+func startServer(t testing.TB, sp spec) *Server {
 	t.Helper()
 	var err error
 	for range startAttempts {
 		var port int
-		port, err = freePort(needBus)
+		port, err = freePort(sp.needBus)
 		if err != nil {
 			break
 		}
 		var s *Server
-		s, err = tryStart(t, bin, port, extra(port))
+		s, err = tryStart(t, sp, port)
 		if err == nil {
 			return s
 		}
@@ -220,21 +280,24 @@ func startServer(t testing.TB, bin string, needBus bool, extra func(port int) []
 
 // tryStart starts one redis-server on port and waits for it to answer PING.
 // On failure it leaves no process behind.
-func tryStart(t testing.TB, bin string, port int, extra []string) (*Server, error) {
+func tryStart(t testing.TB, sp spec, port int) (*Server, error) {
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "redis-server.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	args := []string{
+	args := append(slices.Clone(sp.pre),
 		"--save", "",
 		"--appendonly", "no",
 		"--bind", "127.0.0.1",
 		"--port", strconv.Itoa(port),
 		"--dir", dir,
+	)
+	if sp.extra != nil {
+		args = append(args, sp.extra(port)...)
 	}
-	cmd := exec.Command(bin, append(args, extra...)...)
+	cmd := exec.Command(sp.bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	setDeathSignal(cmd)
 	err = cmd.Start()
@@ -246,7 +309,9 @@ func tryStart(t testing.TB, bin string, port int, extra []string) (*Server, erro
 	go p.wait()
 
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	c := redis.NewClient(&redis.Options{Addr: addr})
+	opts := sp.opts
+	opts.Addr = addr
+	c := redis.NewClient(&opts)
 	err = poll(startTimeout, p.done, func(ctx context.Context) error { return c.Ping(ctx).Err() })
 	if err != nil {
 		_ = c.Close()
@@ -259,7 +324,7 @@ func tryStart(t testing.TB, bin string, port int, extra []string) (*Server, erro
 			_ = srv.Resume()
 		}
 		_ = c.Close()
-		p.shutdown(addr)
+		p.shutdown(opts)
 	})
 	return srv, nil
 }
@@ -282,10 +347,11 @@ func (p *process) kill() {
 	<-p.done
 }
 
-// shutdown asks the server at addr to exit without saving, kills it if it
-// has not exited within stopTimeout, and waits for it.
-func (p *process) shutdown(addr string) {
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+// shutdown asks the server at opts.Addr to exit without saving, kills it if
+// it has not exited within stopTimeout, and waits for it.
+func (p *process) shutdown(opts redis.Options) {
+	opts.MaxRetries = -1
+	c := redis.NewClient(&opts)
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	_ = c.ShutdownNoSave(ctx).Err() // the server drops the connection: an error is expected

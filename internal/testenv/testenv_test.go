@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strings"
@@ -252,4 +253,62 @@ func TestStartCluster(t *testing.T) {
 		}
 	})
 	wantGone(ctx, t, c, keys)
+}
+
+func TestStartRedisWithPassword(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := StartRedisWith(t, RedisOptions{Password: "pw-for-the-test"})
+	if err := s.Client().Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET through Client (authenticated): %v", err)
+	}
+	anon := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer anon.Close()
+	if err := anon.Get(ctx, "k").Err(); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
+		t.Errorf("GET without the password: %v, want NOAUTH", err)
+	}
+}
+
+func TestStartRedisWithTLS(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pki := NewPKI(t)
+	s := StartRedisWith(t, RedisOptions{TLS: pki, ClientAuth: true})
+	if err := s.Client().Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET over TLS with the client certificate: %v", err)
+	}
+	noCert := pki.ClientTLS()
+	noCert.Certificates = nil
+	other := NewPKI(t).ClientTLS()
+	other.Certificates = nil
+	for name, tc := range map[string]*tls.Config{"no client certificate": noCert, "another CA": other} {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, TLSConfig: tc, MaxRetries: -1, DialerRetries: 1})
+		if err := c.Ping(ctx).Err(); err == nil {
+			t.Errorf("%s: PING succeeded", name)
+		}
+		c.Close()
+	}
+	plain := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialerRetries: 1, ReadTimeout: time.Second})
+	defer plain.Close()
+	if err := plain.Ping(ctx).Err(); err == nil {
+		t.Error("plain TCP to the TLS port: PING succeeded")
+	}
+}
+
+func TestStartSentinel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := StartSentinel(t, "testmaster")
+	if err := s.Master.Client().Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET on the master: %v", err)
+	}
+	fc := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: []string{s.Addr}})
+	defer fc.Close()
+	if got, err := fc.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Errorf("GET through the Sentinel's master: %q, %v", got, err)
+	}
+	s.Failover(t)
+	if err := s.Master.Client().Set(ctx, "after", "1", 0).Err(); err != nil {
+		t.Errorf("SET on the promoted master: %v", err)
+	}
 }

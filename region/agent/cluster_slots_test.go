@@ -17,7 +17,7 @@ import (
 
 // TestClusterSlotsAtLoad runs on a real three-master Redis Cluster. There a
 // composite's keys must share a slot, so an agent that knows it is on a
-// Cluster (redis.cluster: true, which cmd turns into a ClusterClient and
+// Cluster (redis.type: cluster, which cmd turns into a ClusterClient and
 // region.Config.OneSlot) refuses at load, naming the limits, a domain
 // without hash_tag whose limits one request can combine, and refuses a
 // request whose keys still cannot share a slot (a limit override without the
@@ -53,7 +53,7 @@ func TestClusterSlotsAtLoad(t *testing.T) {
 		// The agent's configuration says so too, at start and at reload.
 		cfg := DefaultConfig()
 		cfg.Region, cfg.Agent, cfg.Regions, cfg.ReloadEvery = "eu", "eu-1", []string{"eu"}, 0
-		cfg.Redis.Cluster = true
+		cfg.Redis.Type, cfg.Redis.Addrs = RedisCluster, cl.Addrs
 		cfg.Policy = filepath.Join(t.TempDir(), "policy.yaml")
 		if err := os.WriteFile(cfg.Policy, []byte(envoyPolicy), 0o644); err != nil {
 			t.Fatal(err)

@@ -79,64 +79,6 @@ type AuthConfig struct {
 	TokensEnv  string `yaml:"tokens_env"`
 }
 
-// RedisConfig is the region's Redis.
-type RedisConfig struct {
-	// Addr is the server (with Cluster: any node, the client finds the
-	// rest).
-	Addr string `yaml:"addr"`
-	// Cluster says Addr is a Redis Cluster node. There one script call runs
-	// on one node, so a request's limits must share a slot: a policy whose
-	// domain without hash_tag lets one request combine limits is refused
-	// at load (region.Policy.CheckOneSlot), and the node refuses a request
-	// whose keys still cannot (region.Config.OneSlot). A single node (the
-	// default) decides any composite.
-	Cluster bool     `yaml:"cluster"`
-	Prefix  string   `yaml:"prefix"`
-	Timeout Duration `yaml:"timeout"`
-	// Lanes is redisstore.Config.Lanes: how many batched script calls the
-	// agent keeps in flight (keys map to a lane by hash slot).
-	Lanes int `yaml:"lanes"`
-	// WriteFormat is redisstore.Config.WriteFormat: "value" (the exact
-	// state) or "packed" (the integer of releases before it, for the first
-	// step of a rolling upgrade from one; see the README's upgrade notes).
-	WriteFormat string `yaml:"write_format"`
-
-	// The fields below are the connection as production runs it (issue 15;
-	// declared here, implemented with their validation and tests by the
-	// change that adds them).
-
-	// Type is "single" (the default), "cluster" or "sentinel".
-	Type string `yaml:"type"`
-	// Addrs are a Cluster's seed nodes or the Sentinels' addresses.
-	Addrs []string `yaml:"addrs"`
-	// MasterName is the Sentinel master's name.
-	MasterName string `yaml:"master_name"`
-	// DB is the database number (single and sentinel only).
-	DB int `yaml:"db"`
-	// Username (ACL) and the password from a file or an environment
-	// variable, never the config file; AuthEnv names a variable in
-	// envoyproxy/ratelimit's REDIS_AUTH form, "password" or
-	// "user:password".
-	Username     string `yaml:"username"`
-	PasswordFile string `yaml:"password_file"`
-	PasswordEnv  string `yaml:"password_env"`
-	AuthEnv      string `yaml:"auth_env"`
-	// TLS to Redis.
-	TLS RedisTLSConfig `yaml:"tls"`
-	// PoolSize is go-redis's connection pool size (0: its default).
-	PoolSize int `yaml:"pool_size"`
-}
-
-// RedisTLSConfig is TLS from the agent to Redis.
-type RedisTLSConfig struct {
-	Enabled            bool   `yaml:"enabled"`
-	CAFile             string `yaml:"ca_file"`
-	CertFile           string `yaml:"cert_file"`
-	KeyFile            string `yaml:"key_file"`
-	ServerName         string `yaml:"server_name"`
-	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
-}
-
 // DefaultConfig returns the defaults LoadConfig fills in.
 func DefaultConfig() Config {
 	return Config{
@@ -155,7 +97,9 @@ func DefaultConfig() Config {
 		// and still act before an increase it could overlap.
 		ReserveMaxWait: Duration(rebalance.DefaultConfig().Fence),
 		Redis: RedisConfig{
-			Addr:    "127.0.0.1:6379",
+			// Type single at DefaultRedisAddr: an empty Type and Addr mean
+			// that, so a file that names a cluster or sentinel need not
+			// clear them.
 			Prefix:  "meridian:",
 			Timeout: Duration(5 * time.Millisecond), // a decision must not wait on a slow Redis
 			// One call in flight: an agent's callers are remote, so their
@@ -192,7 +136,8 @@ func LoadConfig(path string) (*Config, error) {
 	cl := &c.Cluster
 	for _, f := range []*string{&c.Auth.TokensFile, &c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.ClientCAFile,
 		&cl.NATS.CredsFile, &cl.NATS.NKeySeedFile, &cl.NATS.PasswordFile, &cl.NATS.TokenFile, &cl.NATS.CAFile,
-		&cl.NATS.CertFile, &cl.NATS.KeyFile, &cl.Members.KeyFile, &cl.Coordinator.SignKeyFile, &cl.Coordinator.VerifyKeysFile} {
+		&cl.NATS.CertFile, &cl.NATS.KeyFile, &cl.Members.KeyFile, &cl.Coordinator.SignKeyFile, &cl.Coordinator.VerifyKeysFile,
+		&c.Redis.PasswordFile, &c.Redis.TLS.CAFile, &c.Redis.TLS.CertFile, &c.Redis.TLS.KeyFile} {
 		if *f != "" && !filepath.IsAbs(*f) {
 			*f = filepath.Join(filepath.Dir(path), *f)
 		}
@@ -238,9 +183,7 @@ func (c *Config) Validate() error {
 	if c.GRPC == "" && c.HTTP == "" {
 		bad("grpc, http", "both empty: the agent would serve nothing")
 	}
-	if c.Redis.Addr == "" {
-		bad("redis.addr", "empty")
-	}
+	c.Redis.validate(bad)
 	if t := time.Duration(c.Redis.Timeout); t <= 0 || t > 10*time.Second {
 		bad("redis.timeout", "%s: must be in (0, 10s]", t)
 	}
@@ -281,16 +224,16 @@ func (c *Config) Validate() error {
 }
 
 // CheckPolicy reports every problem with running policy p under c, with
-// the limits' paths: on a Redis Cluster (redis.cluster), a domain whose
+// the limits' paths: on a Redis Cluster (redis.type cluster), a domain whose
 // limits one request can combine without a hash tag; in a cluster of
 // agents, a limit whose lease.ttl exceeds cluster.coordinator.fence (leased
 // units are booked future too, ARCHITECTURE.md invariant 4). New checks the
 // node's policy and Reload every policy it loads.
 func (c *Config) CheckPolicy(p *region.Policy) error {
 	var errs []error
-	if c.Redis.Cluster {
+	if c.Redis.Kind() == RedisCluster {
 		if err := p.CheckOneSlot(); err != nil {
-			errs = append(errs, fmt.Errorf("policy (redis.cluster): %w", err))
+			errs = append(errs, fmt.Errorf("policy (redis.type cluster): %w", err))
 		}
 	}
 	if c.Cluster.Enabled() {

@@ -25,15 +25,29 @@
 //	a, _ := agent.New(*cfg, node, log, br.Collectors()...)
 //	err := a.Run(ctx, grpcListener, httpListener) // until ctx ends, then drains
 //
-// redis.cluster says the region's Redis is a Cluster: cmd then uses a
-// ClusterClient and sets region.Config.OneSlot, New and Reload refuse a
-// policy in which one request can combine limits of a domain without
-// hash_tag (their keys cannot share a slot), naming the limits, and cmd
-// refuses to start when Redis answers as the other kind. On a single node
-// any composite is decided. The breaker counts only errors that say Redis
-// is failing: a store error that reports StoreHealthy() (redisstore's
-// cross-slot, bad-input and malformed-state errors) or a gcra input error
-// goes to the limits' failure modes without opening it.
+// The redis section names the region's Redis as production runs it: type
+// single (addr), cluster (seed addrs) or sentinel (the Sentinels' addrs
+// and master_name), db, an ACL username, the password from a file or an
+// environment variable (password_file, password_env, or auth_env in
+// envoyproxy/ratelimit's REDIS_AUTH form), TLS with a CA, a client
+// certificate and a server name, and pool_size (see RedisConfig). The
+// config holds only file paths and variable names; Credentials and
+// RedisTLSConfig.Load read them, and nothing logs the values. cmd builds
+// the go-redis client of that type in one place and refuses to start when
+// Redis answers as another kind, or refuses the credentials or the TLS
+// handshake.
+//
+// redis.type cluster says the region's Redis is a Cluster (redis.cluster:
+// true is its deprecated spelling, accepted with a warning from
+// Config.Warnings): cmd then uses a ClusterClient and sets
+// region.Config.OneSlot, New and Reload refuse a policy in which one
+// request can combine limits of a domain without hash_tag (their keys
+// cannot share a slot), naming the limits. On a single node or a
+// Sentinel's master any composite is decided. The breaker counts only
+// errors that say Redis is failing: a store error that reports
+// StoreHealthy() (redisstore's cross-slot, bad-input and malformed-state
+// errors) or a gcra input error goes to the limits' failure modes without
+// opening it.
 //
 // Run serves both listeners (TLS or mutual TLS when configured), ticks the
 // node every 100 ms (demand reports, lease lapses), reloads the policy when
