@@ -545,7 +545,10 @@ func TestTimeout(t *testing.T) {
 			if !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
 				t.Errorf("error %q is neither context.DeadlineExceeded nor a net timeout: a failure policy cannot tell it is one", err)
 			}
-			if elapsed > time.Second {
+			// A wide margin (200× the Timeout): the verdict is "the call
+			// ends" rather than "it ends fast", so a loaded machine cannot
+			// fail it; without the Timeout the call never returns.
+			if elapsed > 10*time.Second {
 				t.Errorf("took %v, want about the store's 50ms Timeout", elapsed)
 			}
 			if !silent && !containsCmd(bh.commands(), "EVALSHA") {
@@ -570,7 +573,7 @@ func TestTimeout(t *testing.T) {
 					t.Errorf("concurrent caller %d: %v, want a deadline error", i, err)
 				}
 			}
-			if elapsed > time.Second {
+			if elapsed > 10*time.Second {
 				t.Errorf("10 concurrent callers took %v, want a few store Timeouts", elapsed)
 			}
 			wantNoKeys(t, shared, cfg.Prefix, "timed-out decision")
