@@ -395,3 +395,17 @@ func TestMatchUpstreamFixturesLoad(t *testing.T) {
 		}
 	}
 }
+
+// TestMatchNoAlloc: the hot path's lookup allocates nothing, wildcards
+// included.
+func TestMatchNoAlloc(t *testing.T) {
+	p := matchTestPolicy(t, "share_threshold.yaml")
+	es := []Entry{{Key: "tenant", Value: "t99prod"}, {Key: "resource", Value: "resBBBv2"}}
+	if n := testing.AllocsPerRun(100, func() {
+		if p.Match("test-domain", es) == nil {
+			t.Fatal("no match")
+		}
+	}); n != 0 {
+		t.Errorf("Match allocates %v times per call, want 0", n)
+	}
+}
