@@ -19,8 +19,8 @@ import (
 //
 // Where Meridian differs on purpose (upstream matches the joined string
 // key+"_"+value, so patterns and exact values reach across the "_" seam
-// into other keys; here key and value are compared apart) is listed in
-// match_upstream_test.go and the README.
+// into other keys; here key and value are compared apart) is pinned by
+// TestMatchUpstreamDifferences.
 type level struct {
 	exact map[string]map[string]*node // key → value → node (wildcards by their text too)
 	wild  []wildcard                  // file order

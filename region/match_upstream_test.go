@@ -294,9 +294,9 @@ func TestMatchUpstreamDerived(t *testing.T) {
 }
 
 // TestMatchUpstreamDifferences pins each deliberate difference from
-// upstream's matching (listed in the README's "Coming from
-// envoyproxy/ratelimit"): upstream looks up key+"_"+value as one string,
-// Meridian the key and the value apart.
+// upstream's matching, which the README's "Coming from
+// envoyproxy/ratelimit" lists: upstream looks up key+"_"+value as one
+// string, Meridian the key and the value apart.
 func TestMatchUpstreamDifferences(t *testing.T) {
 	tests := []struct {
 		domain, give string
