@@ -193,6 +193,7 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 		stat("meridian_fallback_open_total", "Requests admitted by failure_mode open while the store failed.", func(s region.Stats) int64 { return s.FallbackOpen }),
 		stat("meridian_fallback_closed_total", "Requests denied by failure_mode closed while the store failed.", func(s region.Stats) int64 { return s.FallbackClosed }),
 		stat("meridian_fallback_local_total", "Requests decided in memory by failure_mode local while the store failed.", func(s region.Stats) int64 { return s.FallbackLocal }),
+		stat("meridian_fallback_error_total", "Requests answered with an error by failure_mode error while the store failed (RLS Unavailable, HTTP 503: the caller's own failure policy decides).", func(s region.Stats) int64 { return s.FallbackError }),
 		stat("meridian_shadow_would_deny_total", "Requests a shadow-mode limit would have denied.", func(s region.Stats) int64 { return s.ShadowDenied }),
 		stat("meridian_store_errors_total", "Store calls that failed.", func(s region.Stats) int64 { return s.StoreErrors }),
 		stat("meridian_deny_cache_hits_total", "Requests denied from the deny cache, without a Redis call.", func(s region.Stats) int64 { return s.DenyCacheHits }),
@@ -343,6 +344,11 @@ func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest)
 		a.errors.Inc()
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if err := storeFailed(&w.d); err != nil {
+		span.SetAttributes(attribute.Bool("meridian.fallback", true))
+		a.countLimits(&w.d)
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
 	out := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
 	if !w.d.Allowed {
 		out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -359,6 +365,19 @@ func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest)
 	a.countLimits(&w.d)
 	span.SetAttributes(attribute.Bool("meridian.allowed", w.d.Allowed), attribute.Bool("meridian.fallback", w.d.Fallback))
 	return out, nil
+}
+
+// storeFailed is the error to answer when the store failed and a limit's
+// failure_mode error left the request undecided (region.FailError), nil
+// otherwise. envoyproxy/ratelimit fails the call when its Redis fails (its
+// handler recovers the Redis error and returns it, which gRPC sends as
+// Unknown); the agent sends Unavailable, what a failed backend is, and
+// Envoy treats either as the call failing: its failure_mode_deny decides.
+func storeFailed(d *region.Decision) error {
+	if !d.Fallback || d.FallbackMode != region.FailError {
+		return nil
+	}
+	return fmt.Errorf("rate limit store unavailable, and a limit's failure_mode is error: %v", d.StoreErr)
 }
 
 func (a *Agent) count(protocol string, allowed bool) {
@@ -535,6 +554,7 @@ type (
 	DescriptorOut   = api.DescriptorOut
 	ReserveRequest  = api.ReserveRequest
 	ReserveResponse = api.ReserveResponse
+	ErrorResponse   = api.ErrorResponse
 )
 
 // rls is the same request as RLS would carry, so both protocols decide
@@ -584,6 +604,11 @@ func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
 	if err := a.decide(r.Context(), w); err != nil {
 		a.errors.Inc()
 		http.Error(rw, "decide: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if err := storeFailed(&w.d); err != nil {
+		a.countLimits(&w.d)
+		writeError(rw, http.StatusServiceUnavailable, "decide: "+err.Error())
 		return
 	}
 	out := DecideResponse{Allowed: w.d.Allowed, Statuses: make([]DescriptorOut, len(in.Descriptors))}
@@ -734,10 +759,11 @@ loop:
 			if now := time.Now(); now.Sub(lastLog) >= time.Second {
 				// Fallback decisions are logged at most once a second.
 				s := a.node.Stats()
-				if d := (s.FallbackOpen + s.FallbackClosed + s.FallbackLocal) - (last.FallbackOpen + last.FallbackClosed + last.FallbackLocal); d > 0 {
+				if d := (s.FallbackOpen + s.FallbackClosed + s.FallbackLocal + s.FallbackError) - (last.FallbackOpen + last.FallbackClosed + last.FallbackLocal + last.FallbackError); d > 0 {
 					a.log.Warn("store failing: failure modes deciding", "fallback_decisions", d,
 						"open", s.FallbackOpen-last.FallbackOpen, "closed", s.FallbackClosed-last.FallbackClosed,
-						"local", s.FallbackLocal-last.FallbackLocal, "store_errors", s.StoreErrors-last.StoreErrors)
+						"local", s.FallbackLocal-last.FallbackLocal, "error", s.FallbackError-last.FallbackError,
+						"store_errors", s.StoreErrors-last.StoreErrors)
 				}
 				last, lastLog = s, now
 			}

@@ -15,7 +15,14 @@
 // duration_until_reset the reset when OK and the retry-after when over
 // (ARCHITECTURE.md, "Interfaces to the outside"). The store the node
 // decides on is wrapped in a Breaker, so that while Redis fails each
-// limit's failure_mode decides at once.
+// limit's failure_mode decides at once. failure_mode error decides
+// nothing: the call fails — RLS with gRPC Unavailable, so that Envoy's
+// failure_mode_deny decides as it does when envoyproxy/ratelimit's Redis
+// fails; POST /v1/decide and /v1/reserve with 503 and an
+// api.ErrorResponse — and is counted in meridian_fallback_error_total. In
+// a composite a closed limit still denies (closed wins over error), and an
+// error limit keeps local and open ones from answering (package region,
+// "Failure and shadow").
 //
 // # Life cycle
 //
