@@ -306,6 +306,7 @@ func TestAuthOnBothProtocols(t *testing.T) {
 		want   int
 	}{{"", 401}, {"Bearer nope-nope-nope-nope-nope", 401}, {"Bearer " + token, 200}} {
 		r, _ := http.NewRequest(http.MethodPost, url+"/v1/decide", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
 		if tt.header != "" {
 			r.Header.Set("Authorization", tt.header)
 		}

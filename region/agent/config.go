@@ -91,7 +91,8 @@ type Config struct {
 }
 
 // AuthConfig lists the bearer tokens callers must present
-// ("authorization: Bearer <token>" on gRPC metadata and HTTP). Tokens are
+// ("authorization: Bearer <token>" on gRPC metadata and HTTP; the scheme
+// is case-insensitive, RFC 7235). Tokens are at least 16 characters. Tokens are
 // read from a file (one per line, # comments) and/or an environment
 // variable (comma-separated), never from this file, and never logged. No
 // tokens: no authentication.
