@@ -45,7 +45,9 @@ func TestStandaloneAgentEnforcesTheWholeLimit(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr testenv.Buffer
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"agent", "--config", filepath.Join(dir, "agent.yaml")}, &stdout, &stderr) }()
+	go func() {
+		done <- run(ctx, []string{"agent", "--config", filepath.Join(dir, "agent.yaml")}, &stdout, &stderr)
+	}()
 	defer func() {
 		cancel()
 		select {
