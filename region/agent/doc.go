@@ -15,7 +15,14 @@
 // duration_until_reset the reset when OK and the retry-after when over
 // (ARCHITECTURE.md, "Interfaces to the outside"). The store the node
 // decides on is wrapped in a Breaker, so that while Redis fails each
-// limit's failure_mode decides at once.
+// limit's failure_mode decides at once. failure_mode error decides
+// nothing: the call fails — RLS with gRPC Unavailable, so that Envoy's
+// failure_mode_deny decides as it does when envoyproxy/ratelimit's Redis
+// fails; POST /v1/decide and /v1/reserve with 503 and an
+// api.ErrorResponse — and is counted in meridian_fallback_error_total. In
+// a composite a closed limit still denies (closed wins over error), and an
+// error limit keeps local and open ones from answering (package region,
+// "Failure and shadow").
 //
 // # Life cycle
 //
@@ -60,8 +67,14 @@
 // gRPC: envoy.service.ratelimit.v3.RateLimitService and grpc.health.v1.
 // HTTP: POST /v1/decide, POST /v1/reserve, GET /v1/table, GET
 // /v1/keys/{key}, /healthz, /readyz, /metrics. With bearer tokens
-// configured, RLS and /v1/* require "authorization: Bearer <token>"; health
-// and metrics stay open. The JSON types live in region/agent/api.
+// configured, RLS and /v1/* require "authorization: Bearer <token>" (the
+// scheme in any case, RFC 7235: "bearer", "BEARER"); health and metrics
+// stay open. The JSON types live in region/agent/api. POST bodies must be
+// sent as application/json (a charset parameter only as utf-8; else 415)
+// and be exactly one JSON object (trailing data is a 400) whose strings
+// are UTF-8: a raw invalid byte or an unpaired surrogate escape is a 400,
+// as gRPC refuses invalid UTF-8, rather than U+FFFD, which would put
+// distinct byte strings in one bucket.
 //
 // POST /v1/reserve books at most reserve_max_wait ahead (default 2 s, the
 // coordinator's default fence; a larger max_wait_ms is a 400), and the node
