@@ -302,6 +302,7 @@ type decoder struct {
 	file  *fileLoc
 	xlate []xlate
 	steps int // nodes visited, bounding what aliases can expand to
+	bad   int // placeholders made for entries that are not mappings
 }
 
 // fileLoc is one decoded file: its name and each path's node, for lines.
@@ -590,6 +591,12 @@ func (d *decoder) policy(n *yaml.Node) []fileDomain {
 }
 
 func (d *decoder) domain(path string, n *yaml.Node, df *domainFile, valid string) {
+	if n = d.deref(n); n.Kind != yaml.MappingNode {
+		d.errf(path, n, "want a mapping, got %s", kindName(n))
+		d.bad++
+		df.Domain, df.upstream = fmt.Sprintf("\x00%d", d.bad), true
+		return
+	}
 	d.fields(path, n, []string{"domain", "hash_tag", "failure_mode", "descriptors"}, valid, func(name string, _, v *yaml.Node) {
 		p := join(path, name)
 		switch name {
@@ -612,6 +619,14 @@ func (d *decoder) descriptors(path string, n *yaml.Node, dst *[]descriptorFile) 
 	})
 }
 
+// placeholder fills a descriptor that is not a mapping (already reported)
+// with a unique key, so that it raises no second error (empty key,
+// duplicate) and keeps the indices of the descriptors after it.
+func (d *decoder) placeholder(df *descriptorFile) {
+	d.bad++
+	df.Key = fmt.Sprintf("\x00%d", d.bad)
+}
+
 // The descriptor fields of envoyproxy/ratelimit's that Meridian accepts but
 // whose effect it does not have, and the two it refuses when true, with
 // the reason each error gives.
@@ -631,6 +646,11 @@ func (d *decoder) descriptor(path string, n *yaml.Node, df *descriptorFile) {
 	// checked to be a mapping and ignored.
 	known := []string{"key", "value", "rate_limit", "shadow_mode", "descriptors",
 		"detailed_metric", "value_to_metric", "metadata", "quota_mode", "share_threshold"}
+	if n = d.deref(n); n.Kind != yaml.MappingNode {
+		d.errf(path, n, "want a mapping, got %s", kindName(n))
+		d.placeholder(df)
+		return
+	}
 	var shareSet bool
 	var shareK *yaml.Node
 	d.fields(path, n, known, "", func(name string, k, v *yaml.Node) {

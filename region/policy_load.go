@@ -169,6 +169,7 @@ func (d *decoder) decodeFile(f *fileLoc, data []byte) []fileDomain {
 	fds := d.policy(doc.Content[0])
 	if d.steps > maxSteps {
 		d.errf("", f.root, "the document expands to more than %d nodes through its aliases", maxSteps)
+		return nil
 	}
 	for {
 		var extra yaml.Node
