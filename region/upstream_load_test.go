@@ -360,7 +360,7 @@ func TestUpstreamValidFiles(t *testing.T) {
 		{
 			name: "integration/config/share_threshold.yaml", path: "integration/config/share_threshold.yaml",
 			wantRefusedAt: shareOn, wantMsg: "share_threshold: true is not supported",
-			drop:          []string{shareOn},
+			drop: []string{shareOn},
 			check: func(t *testing.T, p *Policy) {
 				upstreamLimit(t, p, "share-threshold-test", "descriptors[0]", perHour(10), e("files", "files/a"))
 				upstreamLimit(t, p, "share-threshold-test", "descriptors[1]", perHour(10), e("files_no_share", "files_no_share/b.csv"))
