@@ -77,11 +77,17 @@ type policySource struct {
 	data      []byte
 }
 
-// readPolicyDir reads every policy file under root, in lexical order.
+// readPolicyDir reads every policy file under root, in lexical order. A
+// root that is a link is followed (upstream's RUNTIME_ROOT is usually one:
+// /srv/runtime_data/current); names keep root as given.
 func readPolicyDir(root string, opt LoadOptions) ([]policySource, error) {
 	var srcs []policySource
 	var errs []error
-	err := filepath.WalkDir(root, func(path string, de fs.DirEntry, err error) error {
+	walkRoot, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return nil, err
+	}
+	err = filepath.WalkDir(walkRoot, func(path string, de fs.DirEntry, err error) error {
 		if err != nil {
 			errs = append(errs, err)
 			if de != nil && de.IsDir() {
@@ -89,7 +95,7 @@ func readPolicyDir(root string, opt LoadOptions) ([]policySource, error) {
 			}
 			return nil
 		}
-		dot := path != root && strings.HasPrefix(de.Name(), ".")
+		dot := path != walkRoot && strings.HasPrefix(de.Name(), ".")
 		if de.IsDir() {
 			if dot && opt.IgnoreDotFiles {
 				return fs.SkipDir
@@ -112,11 +118,11 @@ func readPolicyDir(root string, opt LoadOptions) ([]policySource, error) {
 			errs = append(errs, err)
 			return nil
 		}
-		rel, err := filepath.Rel(root, path)
+		rel, err := filepath.Rel(walkRoot, path)
 		if err != nil {
-			rel = path
+			return err // below its root: cannot happen
 		}
-		srcs = append(srcs, policySource{name: path, rel: filepath.ToSlash(rel), data: data})
+		srcs = append(srcs, policySource{name: filepath.Join(root, rel), rel: filepath.ToSlash(rel), data: data})
 		return nil
 	})
 	if err != nil {

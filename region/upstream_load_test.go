@@ -647,6 +647,20 @@ func TestUpstreamRuntimeLayout(t *testing.T) {
 		t.Fatalf("after a change: %v, err %v; want a new version", changed, err)
 	}
 
+	// RUNTIME_ROOT is usually a link (current → a dated snapshot): a root
+	// that is a link is followed, and names keep the path as given.
+	link := filepath.Join(root, "link")
+	if err := os.Symlink(cfg, link); err != nil {
+		t.Fatal(err)
+	}
+	viaLink, err := LoadPolicy(link, LoadOptions{IgnoreDotFiles: true})
+	if err != nil {
+		t.Fatalf("through a link: %v", err)
+	}
+	if viaLink.Version() != changed.Version() || len(viaLink.Files()) != len(wantFiles) || viaLink.Files()[0] != filepath.Join(link, "a.yml") {
+		t.Errorf("through a link: version %s files %q, want %s and %d files under %s", viaLink.Version(), viaLink.Files(), changed.Version(), len(wantFiles), link)
+	}
+
 	// An empty directory is an error, not an empty policy.
 	empty := filepath.Join(root, "empty")
 	if err := os.Mkdir(empty, 0o755); err != nil {
