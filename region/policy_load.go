@@ -37,9 +37,11 @@ type LoadOptions struct {
 // whatever its name ends with, in subdirectories too, in lexical order of
 // their paths; symbolic links to files are read, links to directories are
 // not followed (as upstream's walk). With opt.IgnoreDotFiles, names that
-// start with a dot are skipped. Every error is a PolicyError naming the
-// file, the path within it and the line, wrapped in ErrPolicy; so is a
-// file that cannot be read (upstream logs it and loads the rest).
+// start with a dot are skipped. A policy error wraps ErrPolicy and joins a
+// PolicyError for each problem, naming the file, the path within it and the
+// line. A path or file that cannot be read is an I/O error (an
+// *fs.PathError, not ErrPolicy): the load fails (upstream logs such a
+// file and loads the rest).
 //
 // The result depends only on the files' names and contents, so a caller
 // that watches the directory calls LoadPolicy again on every change and
@@ -47,18 +49,18 @@ type LoadOptions struct {
 func LoadPolicy(path string, opt LoadOptions) (*Policy, error) {
 	info, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+		return nil, err
 	}
 	if !info.IsDir() {
 		data, err := os.ReadFile(path)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+			return nil, err
 		}
 		return parsePolicyFiles([]policySource{{name: path, data: data}}, opt)
 	}
 	srcs, err := readPolicyDir(path, opt)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+		return nil, err
 	}
 	if len(srcs) == 0 {
 		return nil, fmt.Errorf("%w: %s: no policy files in the directory", ErrPolicy, path)

@@ -669,8 +669,15 @@ func TestUpstreamRuntimeLayout(t *testing.T) {
 	if _, err := LoadPolicy(empty, LoadOptions{}); !errors.Is(err, ErrPolicy) || !strings.Contains(err.Error(), "no policy files") {
 		t.Errorf("empty directory: %v", err)
 	}
-	if _, err := LoadPolicy(filepath.Join(root, "absent"), LoadOptions{}); !errors.Is(err, ErrPolicy) || !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("absent path: %v, want ErrPolicy and os.ErrNotExist", err)
+	// What cannot be read is an I/O error, not a policy error.
+	if _, err := LoadPolicy(filepath.Join(root, "absent"), LoadOptions{}); errors.Is(err, ErrPolicy) || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("absent path: %v, want os.ErrNotExist and not ErrPolicy", err)
+	}
+	if err := os.Symlink("nowhere.yaml", filepath.Join(empty, "dangling.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadPolicy(empty, LoadOptions{}); errors.Is(err, ErrPolicy) || !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "dangling.yaml") {
+		t.Errorf("dangling link: %v, want os.ErrNotExist naming it, not ErrPolicy", err)
 	}
 }
 
