@@ -6,13 +6,14 @@
 //
 // # Policy
 //
-// ParsePolicy reads a YAML policy in the shape of envoyproxy/ratelimit's
-// configuration, under a top-level domains list:
+// ParsePolicy reads a YAML policy: envoyproxy/ratelimit's files as they are
+// (one domain: and its descriptors: at the top of a file), or Meridian's
+// shape, a top-level domains list:
 //
 //	domains:
 //	  - domain: api
 //	    hash_tag: tenant          # the descriptor whose value forms the Redis Cluster hash tag
-//	    failure_mode: local       # default for the domain's limits: open | closed | local
+//	    failure_mode: local       # default for the domain's limits: open | closed | local | error
 //	    descriptors:
 //	      - key: tenant
 //	        rate_limit: {unit: second, requests_per_unit: 1000, burst: 200}
@@ -24,20 +25,35 @@
 //	        value: internal
 //	        rate_limit: {unlimited: true}
 //
-// rate_limit takes Envoy's unit (second, minute, hour, day),
-// requests_per_unit, unlimited, name and replaces, plus burst (default:
-// requests_per_unit, what Envoy's fixed window admits at once; see
-// DefaultBurst), period (a duration, instead of unit), failure_mode, scope
-// (global, the default, shares one budget across regions; regional
-// enforces the full limit in each region and is never shared) and strategy
-// (a rebalance strategy for the limit's keys). A descriptor may set
-// shadow_mode. Unknown fields are errors; every problem is reported with
-// its path. Matching follows Envoy's reference server: at each depth the
-// exact value, then a wildcard, then the bare key; a limit applies when
-// found at the request descriptor's last entry. A request's descriptors
-// that match limits form one composite, all-or-nothing decision (a broad
-// limit is never charged when a narrow one denies); replaces drops the
-// named limits when both match. The Policy's Version is a content hash.
+// LoadPolicy reads a file of either shape, or a directory of upstream's
+// files as its runtime loads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/,
+// merging a domain's files with LoadOptions.MergeDomains (upstream's
+// MERGE_DOMAIN_CONFIG). Meridian's fields (burst, period, failure_mode,
+// scope, strategy, lease, hash_tag) work in both shapes; a limit of a file
+// of upstream's shape without failure_mode fails as upstream does
+// (FailError), one of Meridian's shape falls back to local.
+//
+// rate_limit takes Envoy's unit (second, minute, hour, day, week, month of
+// 30 days, year of 365), requests_per_unit (0 denies every request),
+// unlimited, name and replaces ([{name: x}]), plus burst (default:
+// requests_per_unit, so that an unchanged upstream config admits what its
+// fixed window admits; see DefaultBurst), period (a duration, instead of
+// unit), failure_mode, scope (global, the default, shares one budget
+// across regions; regional enforces the full limit in each region and is
+// never shared) and strategy (a rebalance strategy for the limit's keys),
+// and lease ({units, ttl}: local leasing). A descriptor may set
+// shadow_mode; one with neither rate_limit nor descriptors matches and
+// limits nothing (upstream's allow-list idiom). detailed_metric,
+// value_to_metric and metadata are accepted and change nothing here (they
+// name upstream's statistics and its dynamic metadata); quota_mode: true
+// and share_threshold: true are refused, each error saying why. Unknown
+// fields are errors; every problem is reported at once, each a PolicyError
+// with its file, path and line. Matching follows Envoy's reference server:
+// at each depth the exact value, then a wildcard, then the bare key; a
+// limit applies when found at the request descriptor's last entry. A
+// request's descriptors that match limits form one composite,
+// all-or-nothing decision (a broad limit is never charged when a narrow
+// one denies); replaces drops the named limits when both match. The Policy's Version is a content hash.
 //
 // Each matched descriptor is a key named KeyName(domain, entries)
 // ("api/tenant=acme/route=%2Fsearch"); in Redis the domain's hash_tag value

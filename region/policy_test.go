@@ -487,7 +487,7 @@ domains:
 		},
 		{name: "no domains", give: "domains: []\n", wantPath: "domains", wantMsg: "no domains"},
 		{name: "domain without descriptors", give: "domains: [{domain: d}]", wantPath: "domains[0].descriptors", wantMsg: "no descriptors"},
-		{name: "bad domain failure_mode", give: "domains: [{domain: d, failure_mode: sometimes, descriptors: [{key: k, rate_limit: " + ok + "}]}]", wantPath: "domains[0].failure_mode", wantMsg: `"sometimes": want open, closed or local`},
+		{name: "bad domain failure_mode", give: "domains: [{domain: d, failure_mode: sometimes, descriptors: [{key: k, rate_limit: " + ok + "}]}]", wantPath: "domains[0].failure_mode", wantMsg: `"sometimes": want open, closed, local or error`},
 		{name: "hash_tag too long", give: "domains: [{domain: d, hash_tag: " + strings.Repeat("h", MaxEntryKeyLen+1) + ", descriptors: [{key: k, rate_limit: " + ok + "}]}]", wantPath: "domains[0].hash_tag", wantMsg: "above the maximum 64"},
 
 		// Descriptors.
@@ -521,6 +521,11 @@ domains:
 			wantPath: d0 + ".descriptors[1]", wantMsg: "duplicate descriptor",
 		},
 		{
+			name:     "shadow_mode on an allow-list descriptor",
+			give:     policyTestOne("[{key: k, value: v, shadow_mode: true}]"),
+			wantPath: d0 + ".shadow_mode", wantLine: 1, wantMsg: "without a rate_limit",
+		},
+		{
 			name:     "shadow_mode without rate_limit",
 			give:     policyTestOne("[{key: k, shadow_mode: true, descriptors: [{key: j, rate_limit: " + ok + "}]}]"),
 			wantPath: d0 + ".shadow_mode", wantMsg: "without a rate_limit",
@@ -540,9 +545,10 @@ domains:
 		{name: "period below 1ms", give: policyTestRL("{period: 500us, requests_per_unit: 1}"), wantPath: rl + ".period", wantMsg: "500µs: outside [1ms, 2^51µs (about 71 years)]"},
 		{name: "period above MaxWindow", give: policyTestRL("{period: 700000h, requests_per_unit: 1}"), wantPath: rl + ".period", wantMsg: "outside [1ms, 2^51µs (about 71 years)]"},
 		{name: "negative period", give: policyTestRL("{period: -1s, requests_per_unit: 1}"), wantPath: rl + ".period", wantMsg: "outside"},
-		{name: "requests_per_unit 0", give: policyTestRL("{unit: second, requests_per_unit: 0}"), wantPath: rl + ".requests_per_unit", wantMsg: "0: must be at least 1"},
-		{name: "requests_per_unit missing", give: policyTestRL("{unit: second}"), wantPath: rl + ".requests_per_unit", wantMsg: "must be at least 1"},
-		{name: "requests_per_unit negative", give: policyTestRL("{unit: second, requests_per_unit: -5}"), wantPath: rl + ".requests_per_unit", wantMsg: "-5: must be at least 1"},
+		{name: "requests_per_unit missing", give: policyTestRL("{unit: second}"), wantPath: rl + ".requests_per_unit", wantLine: 1, wantMsg: "missing: give the number of requests per unit (requests_per_unit: 0 denies every request)"},
+		{name: "requests_per_unit negative", give: policyTestRL("{unit: second, requests_per_unit: -5}"), wantPath: rl + ".requests_per_unit", wantLine: 1, wantMsg: "-5: must be at least 0"},
+		{name: "burst with requests_per_unit 0", give: policyTestRL("{unit: second, requests_per_unit: 0, burst: 5}"), wantPath: rl + ".burst", wantMsg: "admits nothing has no burst"},
+		{name: "lease with requests_per_unit 0", give: policyTestRL("{unit: second, requests_per_unit: 0, lease: {units: 10, ttl: 100ms}}"), wantPath: rl + ".lease", wantMsg: "nothing to lease"},
 		{name: "negative burst", give: policyTestRL("{unit: second, requests_per_unit: 1, burst: -1}"), wantPath: rl + ".burst", wantMsg: "-1: must be at least 1"},
 		{name: "zero burst", give: policyTestRL("{unit: second, requests_per_unit: 1, burst: 0}"), wantPath: rl + ".burst", wantMsg: "0: must be at least 1 (omit it"},
 		{name: "unlimited with unit", give: policyTestRL("{unlimited: true, unit: second}"), wantPath: rl, wantMsg: "unlimited with unit"},
@@ -560,7 +566,7 @@ domains:
 		},
 
 		// Modes, scopes, strategies.
-		{name: "bad rule failure_mode", give: policyTestRL("{unit: second, requests_per_unit: 1, failure_mode: maybe}"), wantPath: rl + ".failure_mode", wantMsg: `"maybe": want open, closed or local`},
+		{name: "bad rule failure_mode", give: policyTestRL("{unit: second, requests_per_unit: 1, failure_mode: maybe}"), wantPath: rl + ".failure_mode", wantMsg: `"maybe": want open, closed, local or error`},
 		{name: "bad scope", give: policyTestRL("{unit: second, requests_per_unit: 1, scope: planet}"), wantPath: rl + ".scope", wantMsg: `"planet": want global or regional`},
 		{name: "unknown strategy", give: policyTestRL("{unit: second, requests_per_unit: 1, strategy: fifo}"), wantPath: rl + ".strategy", wantMsg: `unknown strategy "fifo"`},
 
@@ -654,7 +660,7 @@ domains:
       - key: tenant
         value: acme
         shadow_mode: "yes"
-        rate_limit: {unit: second, requests_per_unit: 0, scope: everywhere}
+        rate_limit: {unit: second, requests_per_unit: -1, scope: everywhere}
       - key: path
         rate_limit: {unit: second, requests_per_unit: 5, replaces: [{name: nobody}]}
   - domain: edge
@@ -676,12 +682,12 @@ domains:
 	}{
 		{"domains[0].descriptors[0].bogus", 7, "unknown field"},
 		{"domains[0].descriptors[1].shadow_mode", 11, "want true or false"},
-		{"domains[0].failure_mode", 0, `"never"`},
-		{"domains[0].descriptors[0].rate_limit.unit", 0, `"fortnight"`},
-		{"domains[0].descriptors[1].rate_limit.scope", 0, `"everywhere"`},
-		{"domains[0].descriptors[1].rate_limit.requests_per_unit", 0, "0: must be at least 1"},
-		{"domains[0].descriptors[2].rate_limit.replaces", 0, `no rule named "nobody"`},
-		{"domains[1].domain", 0, `domain "edge" defined twice`},
+		{"domains[0].failure_mode", 4, `"never"`},
+		{"domains[0].descriptors[0].rate_limit.unit", 8, `"fortnight"`},
+		{"domains[0].descriptors[1].rate_limit.scope", 12, `"everywhere"`},
+		{"domains[0].descriptors[1].rate_limit.requests_per_unit", 12, "-1: must be at least 0"},
+		{"domains[0].descriptors[2].rate_limit.replaces", 14, `no rule named "nobody"`},
+		{"domains[1].domain", 15, `domain "edge" defined twice`},
 	}
 	problems := policyTestProblems(err)
 	for _, w := range want {
