@@ -150,9 +150,9 @@ func (n *Node) Resolve(req *Request, d *Decision) error {
 		}
 		t := ""
 		if dom.hashTag != "" {
-			for _, e := range desc.Entries {
+			for j, e := range desc.Entries {
 				if e.Key == dom.hashTag {
-					t = e.Value
+					t = rule.keyValue(j, e)
 					break
 				}
 			}
@@ -162,7 +162,7 @@ func (n *Node) Resolve(req *Request, d *Decision) error {
 			}
 			tag, tagSet = t, true
 		}
-		d.buf = appendKeyName(d.buf[:0], req.Domain, desc.Entries)
+		d.buf = rule.appendKey(d.buf[:0], req.Domain, desc.Entries)
 		if len(d.buf)+len(t) > gcra.MaxKeyLen {
 			return badRequest("descriptors[%d]: key of %d bytes, above the maximum %d", i, len(d.buf)+len(t), gcra.MaxKeyLen)
 		}

@@ -45,8 +45,10 @@
 // shadow_mode; one with neither rate_limit nor descriptors matches and
 // limits nothing (upstream's allow-list idiom). detailed_metric,
 // value_to_metric and metadata are accepted and change nothing here (they
-// name upstream's statistics and its dynamic metadata); quota_mode: true
-// and share_threshold: true are refused, each error saying why. Unknown
+// name upstream's statistics and its dynamic metadata); share_threshold:
+// true makes every value its wildcard matches share one key (its pattern
+// in place of the value); quota_mode: true is refused, the error saying
+// why. Unknown
 // fields are errors; every problem is reported at once, each a PolicyError
 // with its file, path and line. Matching follows Envoy's reference server:
 // at each depth the exact value, then a wildcard, then the bare key; a

@@ -119,6 +119,36 @@ type Rule struct {
 	LeaseTTL   time.Duration
 	id         int
 	spath      string // the path while building (one policy of every file); see decoder.locate
+	// shared is, for a rule under a share_threshold wildcard, the pattern
+	// whose key each entry of a matching descriptor takes instead of its
+	// value ("" where the entry keeps its value): every value the wildcard
+	// matches shares one key, as upstream's ShareThresholdKeyPattern.
+	shared []string
+}
+
+// keyValue is the value entry i of a descriptor matched to r has in its
+// key: its own, or the share_threshold pattern it shares.
+func (r *Rule) keyValue(i int, e Entry) string {
+	if i < len(r.shared) && r.shared[i] != "" {
+		return r.shared[i]
+	}
+	return e.Value
+}
+
+// appendKey appends the name of the key a descriptor's entries matched to
+// r form (KeyName, with shared values replaced by their patterns).
+func (r *Rule) appendKey(b []byte, domain string, entries []Entry) []byte {
+	if len(r.shared) == 0 {
+		return appendKeyName(b, domain, entries)
+	}
+	b = appendEscaped(b, domain)
+	for i, e := range entries {
+		b = append(b, '/')
+		b = appendEscaped(b, e.Key)
+		b = append(b, '=')
+		b = appendEscaped(b, r.keyValue(i, e))
+	}
+	return b
 }
 
 // Policy is a loaded, validated policy: immutable and safe to share.
@@ -200,10 +230,11 @@ type descriptorFile struct {
 	RateLimit   *rateLimitFile   `json:"rate_limit,omitempty"`
 	ShadowMode  bool             `json:"shadow_mode,omitempty"`
 	Descriptors []descriptorFile `json:"descriptors,omitempty"`
+	Share       bool             `json:"share_threshold,omitempty"`
 	// Fields of envoyproxy/ratelimit's that change no decision here
-	// (detailed_metric, value_to_metric, metadata, share_threshold: false,
-	// quota_mode: false) are checked and not kept, so they leave the
-	// version alone.
+	// (detailed_metric, value_to_metric, metadata, quota_mode: false) are
+	// checked and not kept, so they leave the version alone.
+	shared []string // see Rule.shared
 }
 
 type rateLimitFile struct {
@@ -609,13 +640,11 @@ func (d *decoder) placeholder(df *descriptorFile) {
 }
 
 // The descriptor fields of envoyproxy/ratelimit's that Meridian accepts but
-// whose effect it does not have, and the two it refuses when true, with
-// the reason each error gives.
+// whose effect it does not have, and the one it refuses when true, with
+// the reason the error gives.
 const (
 	whyQuotaMode = "quota_mode: true is not supported: upstream denies a request only when every quota-mode limit it matches is over (an over quota alone never denies), " +
 		"while Meridian decides a request's limits together, all or nothing, so the limit would deny on its own; remove it, or use shadow_mode: true to count without denying"
-	whyShareThreshold = "share_threshold: true is not supported yet: it makes every value the wildcard matches share one budget, " +
-		"while Meridian keys each matched value separately (as upstream does without share_threshold); removing it gives each value its own budget"
 )
 
 func (d *decoder) descriptor(path string, n *yaml.Node, df *descriptorFile) {
@@ -670,8 +699,8 @@ func (d *decoder) descriptor(path string, n *yaml.Node, df *descriptorFile) {
 		if !strings.Contains(df.Key+"_"+df.Value, "*") {
 			// Upstream's own check, on its key_value.
 			d.errf(join(path, "share_threshold"), shareK, "share_threshold can only be used with a wildcard value (one with *), not %q", df.Value)
-		} else if shareSet {
-			d.errf(join(path, "share_threshold"), shareK, "%s", whyShareThreshold)
+		} else {
+			df.Share = shareSet
 		}
 	}
 }
@@ -760,14 +789,25 @@ func parseFailureMode(s string) (FailureMode, bool) {
 
 const failureModes = "want open, closed, local or error"
 
-// markAllowed gives each descriptor without rate_limit and without
-// descriptors the allow marker (see rateLimitFile.allow).
-func markAllowed(ds []descriptorFile) {
+// prepare gives each descriptor without rate_limit and without
+// descriptors the allow marker (see rateLimitFile.allow), and each below a
+// share_threshold wildcard (or one itself) the patterns its keys share
+// (see Rule.shared); shared holds those of the descriptors above.
+func prepare(ds []descriptorFile, shared []string) {
 	for i := range ds {
-		if ds[i].RateLimit == nil && len(ds[i].Descriptors) == 0 {
-			ds[i].RateLimit = &rateLimitFile{allow: true}
+		df := &ds[i]
+		if df.RateLimit == nil && len(df.Descriptors) == 0 {
+			df.RateLimit = &rateLimitFile{allow: true}
 		}
-		markAllowed(ds[i].Descriptors)
+		pattern := ""
+		if df.Share {
+			pattern = df.Value
+		}
+		own := append(slices.Clip(shared), pattern)
+		if slices.ContainsFunc(own, func(s string) bool { return s != "" }) {
+			df.shared = own
+		}
+		prepare(df.Descriptors, own)
 	}
 }
 
@@ -815,7 +855,7 @@ func (d *decoder) build(pf *policyFile) *Policy {
 			// it is taken for a mistake.
 			d.errf(join(path, "descriptors"), nil, "no descriptors: the domain limits nothing")
 		}
-		markAllowed(df.Descriptors)
+		prepare(df.Descriptors, nil)
 		dom.root = d.level(p, dom, fm, join(path, "descriptors"), df.Descriptors, nil)
 	}
 	// Names are unique per domain so replaces is unambiguous.
@@ -910,7 +950,7 @@ func (d *decoder) rule(p *Policy, dom *domain, fm FailureMode, dp string, df *de
 	}
 	rp := join(dp, "rate_limit")
 	r := &Rule{Path: dp, Name: rf.Name, Replaces: rf.Replaces, Domain: dom.name, Shadow: df.ShadowMode,
-		Unlimited: rf.Unlimited, FailureMode: fm, Strategy: rf.Strategy, id: len(p.rules), spath: dp}
+		Unlimited: rf.Unlimited, FailureMode: fm, Strategy: rf.Strategy, id: len(p.rules), spath: dp, shared: df.shared}
 	if f, path := d.locate(dp); f != nil {
 		r.File, r.Path = f.name, path
 		if f.rel != "" {

@@ -157,10 +157,7 @@ func upstreamLinesWith(t *testing.T, path, s string) []int {
 	return out
 }
 
-const (
-	quotaOn = "quota_mode: true"
-	shareOn = "share_threshold: true"
-)
+const quotaOn = "quota_mode: true"
 
 // TestUpstreamValidFiles: each of the 13 files upstream accepts either loads
 // as is, with upstream's meaning, or is refused for the fields Meridian
@@ -304,8 +301,6 @@ func TestUpstreamValidFiles(t *testing.T) {
 		},
 		{
 			name: "config/share_threshold.yaml", path: "config/share_threshold.yaml",
-			wantRefusedAt: shareOn, wantMsg: "share_threshold: true is not supported",
-			drop: []string{shareOn},
 			check: func(t *testing.T, p *Policy) {
 				upstreamLimit(t, p, "test-domain", "descriptors[0]", perMinute(100), e("files", "files/a.pdf"))
 				upstreamLimit(t, p, "test-domain", "descriptors[7]", perMinute(50), e("file", "test1"))
@@ -359,8 +354,6 @@ func TestUpstreamValidFiles(t *testing.T) {
 		},
 		{
 			name: "integration/config/share_threshold.yaml", path: "integration/config/share_threshold.yaml",
-			wantRefusedAt: shareOn, wantMsg: "share_threshold: true is not supported",
-			drop: []string{shareOn},
 			check: func(t *testing.T, p *Policy) {
 				upstreamLimit(t, p, "share-threshold-test", "descriptors[0]", perHour(10), e("files", "files/a"))
 				upstreamLimit(t, p, "share-threshold-test", "descriptors[1]", perHour(10), e("files_no_share", "files_no_share/b.csv"))
@@ -428,26 +421,26 @@ func TestUpstreamDirectories(t *testing.T) {
 			},
 			drop: []string{quotaOn}, wantDomains: []string{"mongo_cps", "rl"},
 		},
-		{
-			dir:         "integration/config",
-			wantRefused: []upstreamWant{{"config/share_threshold.yaml", 7, "share_threshold"}},
-			drop:        []string{shareOn}, wantDomains: []string{"another", "basic", "share-threshold-test"},
-		},
+		{dir: "integration/config", wantDomains: []string{"another", "basic", "share-threshold-test"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.dir, func(t *testing.T) {
 			_, err := LoadPolicy(filepath.Join(upstreamDir, tt.dir), LoadOptions{})
-			if err == nil {
-				t.Fatal("LoadPolicy succeeded")
-			}
-			ps := upstreamProblems(t, err)
-			for _, w := range tt.wantRefused {
-				if !w.in(ps) {
-					t.Errorf("no problem in %s at line %d with %q:\n%v", w.file, w.line, w.msg, err)
+			if len(tt.wantRefused) > 0 {
+				if err == nil {
+					t.Fatal("LoadPolicy succeeded")
 				}
-			}
-			if len(ps) != len(tt.wantRefused) {
-				t.Errorf("%d problems, want %d:\n%v", len(ps), len(tt.wantRefused), err)
+				ps := upstreamProblems(t, err)
+				for _, w := range tt.wantRefused {
+					if !w.in(ps) {
+						t.Errorf("no problem in %s at line %d with %q:\n%v", w.file, w.line, w.msg, err)
+					}
+				}
+				if len(ps) != len(tt.wantRefused) {
+					t.Errorf("%d problems, want %d:\n%v", len(ps), len(tt.wantRefused), err)
+				}
+			} else if err != nil {
+				t.Fatalf("LoadPolicy: %v", err)
 			}
 			dir := upstreamStrip(t, tt.dir, tt.drop...)
 			p, err := LoadPolicy(dir, LoadOptions{})
@@ -909,5 +902,47 @@ func TestUpstreamBlockAllAndAllowList(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUpstreamShareThreshold decides through a Node: the values a
+// share_threshold wildcard matches share one key (and budget), those of a
+// wildcard without it have one each, as upstream's cache keys.
+func TestUpstreamShareThreshold(t *testing.T) {
+	p := upstreamLoad(t, "integration/config/share_threshold.yaml", LoadOptions{})
+	cfg := memstore.DefaultConfig()
+	cfg.Clock = func() int64 { return 1_700_000_000_000_000 }
+	ms, err := memstore.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := NewNode(DefaultConfig("eu", "eu-1", "eu"), p, ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const now = 1_700_000_000_000_000
+	one := func(key, value string) *Request {
+		return &Request{Domain: "share-threshold-test", Descriptors: []Descriptor{{Entries: []Entry{e(key, value)}}}, Cost: 1}
+	}
+	// Spend a/pdf's budget (whatever share this cold region runs at).
+	for _, k := range []string{"files", "files_no_share"} {
+		admitted := decideN(t, n, now, one(k, k+"/a.pdf"), 20)
+		if admitted == 0 || admitted == 20 {
+			t.Fatalf("%s/a.pdf: %d of 20 admitted, want the budget spent", k, admitted)
+		}
+	}
+	if got := decideN(t, n, now, one("files", "files/b.csv"), 1); got != 0 {
+		t.Error("files/b.csv admitted after files/a.pdf spent the shared budget")
+	}
+	if got := decideN(t, n, now, one("files_no_share", "files_no_share/b.csv"), 1); got != 1 {
+		t.Error("files_no_share/b.csv denied: it has its own budget")
+	}
+	var d Decision
+	if err := n.Resolve(one("files", "files/c"), &d); err != nil || len(d.Matches) != 1 || d.Matches[0].Key.Name != "share-threshold-test/files=files%2F*" {
+		t.Errorf("files/c: key %+v, err %v; want the pattern's key", d.Matches, err)
+	}
+	// The coordinator finds the rule from the shared key's name.
+	if r, err := p.RuleForKey("share-threshold-test/files=files%2F*"); err != nil || r == nil || r.Path != "descriptors[0]" {
+		t.Errorf("RuleForKey of the shared key: %v, %v", r, err)
 	}
 }
