@@ -80,8 +80,9 @@ type Agent struct {
 	ctrl       Control       // nil: standalone
 	// loadPolicy reads the policy path, a file or a directory
 	// (region.LoadPolicy; tests substitute it).
-	loadPolicy    func(path string, opt region.LoadOptions) (*region.Policy, error)
-	reloadFailing atomic.Bool // the policy on disk was rejected last time it was read
+	loadPolicy     func(path string, opt region.LoadOptions) (*region.Policy, error)
+	reloadFailing  atomic.Bool // the policy on disk was rejected last time it was read
+	healthAnyStore bool        // /healthcheck also asks the store (SetHealthcheckStore)
 }
 
 // work is one request's scratch space, pooled.
@@ -202,6 +203,7 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	a.reg.MustRegister(extra...)
 	a.ready.Store(true) // the safe share is in force until a table arrives
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	a.health.SetServingStatus(upstreamHealthService, healthpb.HealthCheckResponse_SERVING) // json_upstream.go
 	return a, nil
 }
 
@@ -647,6 +649,7 @@ func (a *Agent) Handler() http.Handler {
 		_, _ = rw.Write([]byte("ready\n"))
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	a.upstreamHTTP(mux) // envoyproxy/ratelimit's /json and /healthcheck (json_upstream.go)
 	return mux
 }
 
