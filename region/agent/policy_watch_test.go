@@ -175,7 +175,9 @@ func TestPolicyDirectoryWatch(t *testing.T) {
 	if got := metricValue(t, a, `meridian_policy_reloads_total{result="rejected"}`); got < 1 {
 		t.Errorf("rejected reloads = %v, want at least 1", got)
 	}
-	waitFor("the rejection logged", func() bool { return strings.Contains(logs.String(), "policy reload rejected") && strings.Contains(logs.String(), "fortnight") })
+	waitFor("the rejection logged", func() bool {
+		return strings.Contains(logs.String(), "policy reload rejected") && strings.Contains(logs.String(), "fortnight")
+	})
 
 	writeFile(t, filepath.Join(root, "v2", "config", "policy.yaml"), ratePolicy(11))
 	waitFor("a fixed file reloaded", func() bool { return limit() == 11 })
