@@ -52,10 +52,15 @@ type Decision struct {
 	// Result with Allowed when nothing is enforced.
 	Result gcra.Result
 	// Fallback is set when the store failed and the failure modes decided;
-	// FallbackMode is the one that did (closed wins over local, local over
-	// open).
+	// FallbackMode is the one that did (closed wins over error, error over
+	// local, local over open) and StoreErr the store's error. With
+	// FailError the request is not decided here: Allowed is false and the
+	// shell answers with an error (the agent: gRPC Unavailable, HTTP 503),
+	// so the caller's own failure policy decides (Envoy's
+	// failure_mode_deny).
 	Fallback     bool
 	FallbackMode FailureMode
+	StoreErr     error
 	// ShadowDenied is set when a shadow-mode limit would have denied.
 	ShadowDenied bool
 
@@ -72,7 +77,7 @@ type Decision struct {
 func (d *Decision) Reset() {
 	clear(d.Matches)
 	d.Matches = d.Matches[:0]
-	d.Allowed, d.Result, d.Fallback, d.FallbackMode, d.ShadowDenied = false, gcra.Result{}, false, 0, false
+	d.Allowed, d.Result, d.Fallback, d.FallbackMode, d.StoreErr, d.ShadowDenied = false, gcra.Result{}, false, 0, nil, false
 	d.enforced = 0
 	d.binds = d.binds[:0]
 }
@@ -358,7 +363,7 @@ func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
 			// served from a lease, or a lease taken with it
 		} else if r, err := n.run(ctx, d, ms, 0); err != nil {
 			n.storeErrors.Add(1)
-			n.fallback(now, d)
+			n.fallback(now, d, err)
 		} else {
 			d.Result, d.Allowed = r, r.Allowed
 			n.noteDenials(now, r.Allowed, ms)
@@ -417,26 +422,39 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// fallback decides the enforced matches by their failure modes after a
-// store error: any closed limit denies the request; otherwise the local
-// limits decide together (all or nothing) in memory at the region's limit
-// divided by max(configured, live) agents, and open limits admit.
-func (n *Node) fallback(now int64, d *Decision) {
+// fallback decides the enforced matches by their failure modes after the
+// store error err: any closed limit denies the request; otherwise any
+// error limit leaves it undecided (FailError: the shell answers with an
+// error); otherwise the local limits decide together (all or nothing) in
+// memory at the region's limit divided by max(configured, live) agents,
+// and open limits admit.
+//
+// The order is by what each mode promises. closed is the only one that
+// promises a denial, and an error could let the caller admit (Envoy's
+// failure_mode_deny is false by default), so closed wins. error comes
+// next: its operator asked for the caller's own policy to decide, and an
+// answer from here (a local or open admission) would take that choice
+// away. local over open, as before: an admission local does not grant
+// is one a limit asked to bound.
+func (n *Node) fallback(now int64, d *Decision, err error) {
 	ms := d.Enforced()
-	d.Fallback = true
+	d.Fallback, d.StoreErr = true, err
 	mode := FailOpen
 	for i := range ms {
-		switch ms[i].Rule.FailureMode {
-		case FailClosed:
-			mode = FailClosed
-		case FailLocal:
-			if mode != FailClosed {
-				mode = FailLocal
-			}
+		if rank(ms[i].Rule.FailureMode) > rank(mode) {
+			mode = ms[i].Rule.FailureMode
 		}
 	}
 	d.FallbackMode = mode
 	switch mode {
+	case FailError:
+		n.fbError.Add(1)
+		d.Allowed = false
+		d.Result = gcra.Result{}
+		for i := range ms {
+			ms[i].Result = gcra.Result{Limit: ms[i].Schedule.Current.Limit}
+		}
+		return
 	case FailClosed:
 		n.fbClosed.Add(1)
 		d.Allowed = false
@@ -499,6 +517,20 @@ func (n *Node) fallback(now int64, d *Decision) {
 		j++
 	}
 	d.Allowed, d.Result = r.Allowed, r
+}
+
+// rank orders failure modes for a composite whose store failed: the
+// highest among its enforced limits decides (see fallback).
+func rank(m FailureMode) int {
+	switch m {
+	case FailClosed:
+		return 3
+	case FailError:
+		return 2
+	case FailLocal:
+		return 1
+	}
+	return 0
 }
 
 // localLimit is a region limit divided among agents: each agent runs
@@ -635,7 +667,7 @@ func (n *Node) DecidePrepared(ctx context.Context, now int64, p *Prepared, cost 
 		fallthrough
 	default:
 		d := &p.d
-		d.Allowed, d.Result, d.Fallback, d.FallbackMode, d.ShadowDenied = d.enforced == 0, gcra.Result{}, false, 0, false
+		d.Allowed, d.Result, d.Fallback, d.FallbackMode, d.StoreErr, d.ShadowDenied = d.enforced == 0, gcra.Result{}, false, 0, nil, false
 		for i := range d.Matches {
 			d.Matches[i].Result, d.Matches[i].decided, d.Matches[i].closed = gcra.Result{}, false, false
 		}
@@ -691,7 +723,7 @@ func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait tim
 		r, err := rs.Reserve(ctx, ms[0].Key, ms[0].Schedule, ms[0].Cost, maxWait)
 		if err != nil {
 			n.storeErrors.Add(1)
-			n.fallback(now, d)
+			n.fallback(now, d, err)
 		} else {
 			ms[0].Result, ms[0].decided = r, true
 			d.Result, d.Allowed = r, r.Allowed
@@ -880,7 +912,7 @@ func (n *Node) leased(ctx context.Context, now int64, d *Decision, m *Match) boo
 	m.Cost = cost
 	if err != nil {
 		n.storeErrors.Add(1)
-		n.fallback(now, d)
+		n.fallback(now, d, err)
 		return true
 	}
 	if !r.Allowed {

@@ -56,7 +56,8 @@
 // # Node life cycle
 //
 // NewNode(cfg, policy, store) starts with no table: every global key runs
-// at the safe share. Then, from many goroutines:
+// at the safe share (the whole budget with StandaloneConfig; see
+// Standalone). Then, from many goroutines:
 //
 //	var d region.Decision                    // reuse one per goroutine: no allocation per request
 //	err := node.Decide(ctx, nowMicros, req, &d) // Resolve → store.DecideAll → failure/shadow → Record
@@ -125,6 +126,28 @@
 // one takes effect), else the one that qualified when the newest arrived;
 // never a table before its effective time plus MaxSkew.
 //
+// # Standalone
+//
+// A region alone, with no coordinator (the agent without a cluster
+// section), holds 100 % of every budget: StandaloneConfig is
+// DefaultConfig for that one region with SafeFraction 1, so its safe
+// share is 10⁶ ppm and SafeLimit is the global limit's T and burst. The
+// node then runs exactly as a clustered one before its first table — no
+// table, every global key at the safe share, epoch 1 — and the safe share
+// is simply the whole budget. That is the design rather than a table the
+// shell would make up giving the region 10⁶ ppm: a table carries a lease
+// that lapses (Tick would reduce every key to the safe share when nobody
+// renews it), a term and epoch no coordinator issued (shown in /v1/table
+// and the metrics as if one had), and per-key versions that move stored
+// state into epoch slots meant for a coordinator's changes; and it would
+// name only the keys it was made with. The floor is what a node runs with
+// no table, for every key, forever — the one knob that already means "what
+// this region may admit on its own". A smaller SafeFraction runs each key
+// at that part of its budget (independent deployments splitting one
+// budget by hand). Several regions without a coordinator would each need
+// their floors to sum to at most the budget, so the agent refuses to load
+// several regions without a cluster section.
+//
 // # Booked future
 //
 // Node.Reserve books a request's slot when its wait is at most maxWait; the
@@ -163,9 +186,19 @@
 // # Failure and shadow
 //
 // When the store fails, the enforced limits' failure modes decide: any
-// closed limit denies the request; otherwise the local limits decide
-// together in memory at the region's limit divided by max(Config.Agents,
-// live agents), and open limits admit. Shadow-mode limits are decided in a
+// closed limit denies the request; otherwise any error limit leaves it
+// undecided (Decision.FallbackMode FailError, Allowed false, counted in
+// Stats.FallbackError) for the shell to answer with an error, as
+// envoyproxy/ratelimit does when its Redis fails, so that the caller's own
+// policy decides (Envoy's failure_mode_deny); otherwise the local limits
+// decide together in memory at the region's limit divided by
+// max(Config.Agents, live agents), and open limits admit. closed wins over
+// error because it alone promises a denial; error over local and open
+// because an answer from here would take the caller's choice away.
+// Decision.StoreErr is the store's error. A region's agents share its
+// store, but the local mode decides in each agent's memory: with several
+// agents and no membership to count them (standalone), Config.Agents must
+// say how many, or an outage admits that many times the region's limit. Shadow-mode limits are decided in a
 // second store call after the enforced ones; a denial is counted
 // (Stats.ShadowDenied) and never changes the answer.
 //

@@ -115,6 +115,20 @@ func DefaultConfig(region, agent string, regions ...string) Config {
 	}
 }
 
+// StandaloneConfig returns a Config for agent, one of the agents of region,
+// with no cluster: DefaultConfig for one region, except for the floor.
+// No coordinator will ever hand the region a share, and no other region
+// spends the budget, so its safe share — what a node runs every key at
+// without a table — is the whole budget (SafeFraction 1 of one region: 10⁶
+// ppm, the global limit's T and burst). The agents of the region share its
+// store, so the budget stays whole however many there are; only the local
+// failure mode, deciding in memory, divides it by Agents.
+func StandaloneConfig(region, agent string) Config {
+	c := DefaultConfig(region, agent, region)
+	c.SafeFraction = 1 // the one region holds 100 % (ARCHITECTURE.md, "safe share")
+	return c
+}
+
 // Validate reports every problem with c.
 func (c *Config) Validate() error {
 	var errs []error
@@ -173,6 +187,7 @@ type Stats struct {
 	FallbackOpen   int64 // requests admitted by failure_mode open
 	FallbackClosed int64 // requests denied by failure_mode closed
 	FallbackLocal  int64 // requests decided by failure_mode local
+	FallbackError  int64 // requests left undecided by failure_mode error (the shell answered an error)
 	ShadowDenied   int64 // requests a shadow-mode limit would have denied
 	Overflow       int64 // checks on keys beyond MaxKeys (decided, not reported)
 	Reduced        int64 // checks run at the safe share for a policy mismatch
@@ -200,7 +215,7 @@ type Node struct {
 	live    atomic.Int64
 	gen     atomic.Uint64
 
-	decisions, peeks, storeErrors, fbOpen, fbClosed, fbLocal,
+	decisions, peeks, storeErrors, fbOpen, fbClosed, fbLocal, fbError,
 	shadowDenied, overflow, reduced, denyHits atomic.Int64
 	leaseHits, leaseTakes, leaseStranded atomic.Int64
 
@@ -312,7 +327,7 @@ func (n *Node) SetLiveAgents(live int) { n.live.Store(int64(live)) }
 func (n *Node) Stats() Stats {
 	return Stats{
 		Decisions: n.decisions.Load(), Peeks: n.peeks.Load(), StoreErrors: n.storeErrors.Load(),
-		FallbackOpen: n.fbOpen.Load(), FallbackClosed: n.fbClosed.Load(), FallbackLocal: n.fbLocal.Load(),
+		FallbackOpen: n.fbOpen.Load(), FallbackClosed: n.fbClosed.Load(), FallbackLocal: n.fbLocal.Load(), FallbackError: n.fbError.Load(),
 		ShadowDenied: n.shadowDenied.Load(), Overflow: n.overflow.Load(), Reduced: n.reduced.Load(),
 		Regressions: n.regressions.Load(), DenyCacheHits: n.denyHits.Load(),
 		LeaseHits: n.leaseHits.Load(), LeaseTakes: n.leaseTakes.Load(), LeaseStranded: n.leaseStranded.Load(),

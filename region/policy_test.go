@@ -520,8 +520,6 @@ domains:
 			give:     policyTestOne("[{key: t, descriptors: [{key: k, rate_limit: " + ok + "}, {key: k, rate_limit: " + ok + "}]}]"),
 			wantPath: d0 + ".descriptors[1]", wantMsg: "duplicate descriptor",
 		},
-		{name: "neither rate_limit nor descriptors", give: policyTestOne("[{key: k, value: v}]"), wantPath: d0, wantMsg: "neither rate_limit nor descriptors"},
-		{name: "empty descriptors list and no rate_limit", give: policyTestOne("[{key: k, descriptors: []}]"), wantPath: d0, wantMsg: "neither rate_limit nor descriptors"},
 		{
 			name:     "shadow_mode without rate_limit",
 			give:     policyTestOne("[{key: k, shadow_mode: true, descriptors: [{key: j, rate_limit: " + ok + "}]}]"),

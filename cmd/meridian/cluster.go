@@ -51,25 +51,13 @@ func coordinatorConfig(cfg *agent.Config) rebalance.Config {
 	if cc.Hysteresis > 0 {
 		rc.Hysteresis = cc.Hysteresis
 	}
-	if cc.SafeFraction > 0 {
-		rc.SafeFraction = cc.SafeFraction
-	}
+	rc.SafeFraction = cfg.ResolvedSafeFraction() // the node's floors are the coordinator's
 	return rc
 }
 
-// nodeConfig is the region node's configuration from the agent's.
-func nodeConfig(cfg *agent.Config) region.Config {
-	n := region.DefaultConfig(cfg.Region, cfg.Agent, cfg.Regions...)
-	n.Interval = time.Duration(cfg.Interval)
-	n.Agents = cfg.Agents
-	n.MaxReserveWait = cfg.ReserveMaxWait.D()          // validated against the fence in a cluster
-	n.OneSlot = cfg.Redis.Kind() == agent.RedisCluster // a composite's keys must share a slot
-	if cfg.Cluster.Enabled() {
-		rc := coordinatorConfig(cfg)
-		n.MaxSkew, n.SafeFraction = rc.MaxSkew, rc.SafeFraction
-	}
-	return n
-}
+// nodeConfig is the region node's configuration from the agent's
+// (agent.Config.NodeConfig: standalone, the whole budget).
+func nodeConfig(cfg *agent.Config) region.Config { return cfg.NodeConfig() }
 
 // cluster is an agent's running link to its cluster.
 type cluster struct {

@@ -30,6 +30,7 @@ var commands = []command{
 	{"gcra", "print the decision trace of a GCRA limit for a pattern of arrivals", runGCRA},
 	{"bench", "benchmarks: `bench redis` (the Redis store beside redis_rate), `bench agent` (RLS servers), `bench noop-rls`", runBench},
 	{"keys", "make a cluster's secrets: the coordinator's signing and verify keys, a memberlist key", runKeys},
+	{"policy", "`policy check FILE|DIR`: validate a policy with every error and its line; --explain which rule a descriptor matches", runPolicy},
 	{"sim", "simulate a scenario for every strategy and interval against the ideal global limiter", runSim},
 	{"version", "print the version", runVersion},
 }

@@ -1,21 +1,26 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"math/bits"
+	"mime"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -192,6 +197,7 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 		stat("meridian_fallback_open_total", "Requests admitted by failure_mode open while the store failed.", func(s region.Stats) int64 { return s.FallbackOpen }),
 		stat("meridian_fallback_closed_total", "Requests denied by failure_mode closed while the store failed.", func(s region.Stats) int64 { return s.FallbackClosed }),
 		stat("meridian_fallback_local_total", "Requests decided in memory by failure_mode local while the store failed.", func(s region.Stats) int64 { return s.FallbackLocal }),
+		stat("meridian_fallback_error_total", "Requests answered with an error by failure_mode error while the store failed (RLS Unavailable, HTTP 503: the caller's own failure policy decides).", func(s region.Stats) int64 { return s.FallbackError }),
 		stat("meridian_shadow_would_deny_total", "Requests a shadow-mode limit would have denied.", func(s region.Stats) int64 { return s.ShadowDenied }),
 		stat("meridian_store_errors_total", "Store calls that failed.", func(s region.Stats) int64 { return s.StoreErrors }),
 		stat("meridian_deny_cache_hits_total", "Requests denied from the deny cache, without a Redis call.", func(s region.Stats) int64 { return s.DenyCacheHits }),
@@ -214,7 +220,7 @@ func (a *Agent) authorized(header string) bool {
 	if len(a.tokens) == 0 {
 		return true
 	}
-	got, ok := strings.CutPrefix(header, "Bearer ")
+	got, ok := bearerToken(header)
 	if !ok {
 		return false
 	}
@@ -223,6 +229,18 @@ func (a *Agent) authorized(header string) bool {
 		match |= subtle.ConstantTimeCompare([]byte(got), t)
 	}
 	return match == 1
+}
+
+// bearerToken is the credentials of an "authorization" value in the Bearer
+// scheme, whose name is case-insensitive (RFC 7235 §2.1: "bearer",
+// "BEARER"), separated by one or more spaces.
+func bearerToken(header string) (string, bool) {
+	scheme, cred, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") {
+		return "", false
+	}
+	cred = strings.Trim(cred, " ")
+	return cred, cred != ""
 }
 
 // authUnary refuses RLS calls without a valid bearer token; gRPC health
@@ -348,6 +366,11 @@ func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest)
 		a.errors.Inc()
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if err := storeFailed(&w.d); err != nil {
+		span.SetAttributes(attribute.Bool("meridian.fallback", true))
+		a.countLimits(&w.d)
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
 	out := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
 	if !w.d.Allowed {
 		out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -364,6 +387,19 @@ func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest)
 	a.countLimits(&w.d)
 	span.SetAttributes(attribute.Bool("meridian.allowed", w.d.Allowed), attribute.Bool("meridian.fallback", w.d.Fallback))
 	return out, nil
+}
+
+// storeFailed is the error to answer when the store failed and a limit's
+// failure_mode error left the request undecided (region.FailError), nil
+// otherwise. envoyproxy/ratelimit fails the call when its Redis fails (its
+// handler recovers the Redis error and returns it, which gRPC sends as
+// Unknown); the agent sends Unavailable, what a failed backend is, and
+// Envoy treats either as the call failing: its failure_mode_deny decides.
+func storeFailed(d *region.Decision) error {
+	if !d.Fallback || d.FallbackMode != region.FailError {
+		return nil
+	}
+	return fmt.Errorf("rate limit store unavailable, and a limit's failure_mode is error: %v", d.StoreErr)
 }
 
 func (a *Agent) count(protocol string, allowed bool) {
@@ -540,6 +576,7 @@ type (
 	DescriptorOut   = api.DescriptorOut
 	ReserveRequest  = api.ReserveRequest
 	ReserveResponse = api.ReserveResponse
+	ErrorResponse   = api.ErrorResponse
 )
 
 // rls is the same request as RLS would carry, so both protocols decide
@@ -562,16 +599,129 @@ func rlsOf(in *DecideRequest) *rlsv3.RateLimitRequest {
 // maxBody bounds a JSON request body.
 const maxBody = 1 << 20
 
-// decodeBody reads a JSON request body into v (bounded, unknown fields
-// refused), answering 400 itself when it cannot.
+// bodies pools the buffers request bodies are read into.
+var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// decodeBody reads a JSON request body into v, answering the error itself
+// when it cannot: 415 unless the Content-Type is application/json (a
+// charset parameter, if any, must be utf-8: JSON text is UTF-8, RFC 8259);
+// 400 for a body above maxBody, one that is not exactly one JSON object
+// (trailing data after it is refused, not ignored), an unknown field, or a
+// string that is not UTF-8 — raw invalid bytes or an unpaired UTF-16
+// surrogate escape, which encoding/json would turn into U+FFFD so that
+// distinct byte strings would share one bucket (gRPC refuses them too).
 func (a *Agent) decodeBody(rw http.ResponseWriter, r *http.Request, what string, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(rw, r.Body, maxBody))
+	if err := jsonContentType(r.Header.Get("Content-Type")); err != nil {
+		a.errors.Inc()
+		http.Error(rw, what+": "+err.Error(), http.StatusUnsupportedMediaType)
+		return false
+	}
+	buf := bodies.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer func() {
+		if buf.Cap() <= 64<<10 { // keep small buffers only
+			bodies.Put(buf)
+		}
+	}()
+	if _, err := buf.ReadFrom(http.MaxBytesReader(rw, r.Body, maxBody)); err != nil {
+		a.badHTTP(rw, what+": "+err.Error())
+		return false
+	}
+	body := buf.Bytes()
+	if err := checkUTF8(body); err != nil {
+		a.badHTTP(rw, what+": "+err.Error())
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		a.badHTTP(rw, what+": "+err.Error())
 		return false
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		a.badHTTP(rw, fmt.Sprintf("%s: trailing data after the JSON object at byte %d: send one object per request", what, dec.InputOffset()))
+		return false
+	}
 	return true
+}
+
+// jsonContentType accepts application/json, with any parameters, a
+// charset only as utf-8.
+func jsonContentType(ct string) error {
+	if ct == "" {
+		return errors.New("no Content-Type: send application/json")
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return fmt.Errorf("Content-Type %q: %v: send application/json", ct, err)
+	}
+	if mt != "application/json" {
+		return fmt.Errorf("Content-Type %q: send application/json", mt)
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return fmt.Errorf("Content-Type charset %q: JSON is UTF-8 (RFC 8259); send charset=utf-8 or none", cs)
+	}
+	return nil
+}
+
+// checkUTF8 reports the first byte of body that is not UTF-8, or the first
+// \u escape in a JSON string that is an unpaired UTF-16 surrogate (a high
+// one not followed by a low one, or a low one alone). It does not check the
+// JSON otherwise: the decoder does.
+func checkUTF8(body []byte) error {
+	if !utf8.Valid(body) {
+		for i := 0; i < len(body); {
+			r, n := utf8.DecodeRune(body[i:])
+			if r == utf8.RuneError && n <= 1 {
+				return fmt.Errorf("invalid UTF-8 at byte %d: strings must be UTF-8 (distinct byte strings would share one bucket)", i)
+			}
+			i += n
+		}
+	}
+	in := false
+	for i := 0; i < len(body); i++ {
+		switch c := body[i]; {
+		case c == '"':
+			in = !in
+		case c == '\\' && in:
+			if i+1 < len(body) && body[i+1] == 'u' {
+				r, ok := hex4(body, i+2)
+				switch {
+				case !ok:
+				case utf16.IsSurrogate(r) && r < 0xdc00:
+					if lo, ok := hex4(body, i+8); !ok || i+7 >= len(body) || body[i+6] != '\\' || body[i+7] != 'u' || lo < 0xdc00 || lo > 0xdfff {
+						return fmt.Errorf("unpaired UTF-16 surrogate %s at byte %d: strings must be UTF-8", body[i:i+6], i)
+					}
+					i += 6
+				case utf16.IsSurrogate(r):
+					return fmt.Errorf("unpaired UTF-16 surrogate %s at byte %d: strings must be UTF-8", body[i:i+6], i)
+				}
+			}
+			i++ // the escaped character (the rest of \uXXXX is hex)
+		}
+	}
+	return nil
+}
+
+// hex4 is the rune of the four hex digits at b[i:i+4].
+func hex4(b []byte, i int) (rune, bool) {
+	if i < 0 || i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i : i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
@@ -589,6 +739,11 @@ func (a *Agent) handleDecide(rw http.ResponseWriter, r *http.Request) {
 	if err := a.decide(r.Context(), w); err != nil {
 		a.errors.Inc()
 		http.Error(rw, "decide: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if err := storeFailed(&w.d); err != nil {
+		a.countLimits(&w.d)
+		writeError(rw, http.StatusServiceUnavailable, "decide: "+err.Error())
 		return
 	}
 	out := DecideResponse{Allowed: w.d.Allowed, Statuses: make([]DescriptorOut, len(in.Descriptors))}
@@ -740,10 +895,11 @@ loop:
 			if now := time.Now(); now.Sub(lastLog) >= time.Second {
 				// Fallback decisions are logged at most once a second.
 				s := a.node.Stats()
-				if d := (s.FallbackOpen + s.FallbackClosed + s.FallbackLocal) - (last.FallbackOpen + last.FallbackClosed + last.FallbackLocal); d > 0 {
+				if d := (s.FallbackOpen + s.FallbackClosed + s.FallbackLocal + s.FallbackError) - (last.FallbackOpen + last.FallbackClosed + last.FallbackLocal + last.FallbackError); d > 0 {
 					a.log.Warn("store failing: failure modes deciding", "fallback_decisions", d,
 						"open", s.FallbackOpen-last.FallbackOpen, "closed", s.FallbackClosed-last.FallbackClosed,
-						"local", s.FallbackLocal-last.FallbackLocal, "store_errors", s.StoreErrors-last.StoreErrors)
+						"local", s.FallbackLocal-last.FallbackLocal, "error", s.FallbackError-last.FallbackError,
+						"store_errors", s.StoreErrors-last.StoreErrors)
 				}
 				last, lastLog = s, now
 			}

@@ -275,7 +275,7 @@ func TestConfigErrors(t *testing.T) {
 			}
 		})
 	}
-	c, err := ParseConfig([]byte("region: eu\nagent: eu-1\nregions: [eu, us]\npolicy: p.yaml\n"))
+	c, err := ParseConfig([]byte("region: eu\nagent: eu-1\nregions: [eu]\npolicy: p.yaml\n"))
 	if err != nil || c.GRPC != DefaultConfig().GRPC || time.Duration(c.Redis.Timeout) != 5*time.Millisecond {
 		t.Errorf("defaults: %+v %v", c, err)
 	}
@@ -306,6 +306,7 @@ func TestAuthOnBothProtocols(t *testing.T) {
 		want   int
 	}{{"", 401}, {"Bearer nope-nope-nope-nope-nope", 401}, {"Bearer " + token, 200}} {
 		r, _ := http.NewRequest(http.MethodPost, url+"/v1/decide", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
 		if tt.header != "" {
 			r.Header.Set("Authorization", tt.header)
 		}

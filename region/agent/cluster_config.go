@@ -8,8 +8,8 @@ import (
 
 // ClusterConfig joins the agent to its cluster: NATS for reports, acks and
 // tables, memberlist for liveness, and the coordinator election. The
-// section is optional: without a name the agent runs standalone, every key
-// at its region's safe share. Secrets (NATS credentials, the memberlist
+// section is optional: without a name the agent runs standalone, its one
+// region holding the whole of every budget (safe_fraction, default 1). Secrets (NATS credentials, the memberlist
 // keyring, the coordinator's signing key) are named by file or
 // environment variable, never written here, and never logged. cmd/meridian
 // turns this into package gossip's configurations, which validate the rest.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,10 +26,24 @@ type Duration = region.Duration
 // Config is the agent's one YAML file. DefaultConfig documents each
 // default; LoadConfig reads, defaults and validates it.
 type Config struct {
-	// Region and Agent name this agent; Regions lists every region.
+	// Region and Agent name this agent; Regions lists every region. An
+	// agent without a cluster section is standalone: its region is the
+	// only one (Regions may be left out; listing several is a load error)
+	// and holds the whole of every budget.
 	Region  string   `yaml:"region"`
 	Agent   string   `yaml:"agent"`
 	Regions []string `yaml:"regions"`
+	// SafeFraction is the part of every global budget set aside as the
+	// regions' floors, split equally: what a region runs every key at
+	// before its first table, once its lease lapses, and for keys the table
+	// does not name. 0 means the default: 1 standalone (the one region
+	// holds 100 % of every limit), else cluster.coordinator.safe_fraction
+	// or the coordinator's default, 0.1. Standalone it must be in (0, 1]: a
+	// smaller part suits independent deployments splitting one budget by
+	// hand. In a cluster it must be in (0, 1), agree with
+	// cluster.coordinator.safe_fraction when both are set, and be the same
+	// in every agent and the coordinator.
+	SafeFraction float64 `yaml:"safe_fraction"`
 	// Policy is the policy file, or a directory of envoyproxy/ratelimit
 	// files (relative to the config file); PolicyOptions say how a
 	// directory is read. Either is reloaded when its content changes.
@@ -42,7 +57,13 @@ type Config struct {
 	Redis RedisConfig `yaml:"redis"`
 	// Interval is Δ, the report interval (the coordinator's).
 	Interval Duration `yaml:"interval"`
-	// Agents is the number of agents configured in the region.
+	// Agents is the number of agents configured in the region. The agents
+	// of a region share its Redis, so they enforce one budget however many
+	// there are; but failure_mode local decides in each agent's memory, at
+	// the region's limit divided by max(agents, live agents). Standalone
+	// there is no membership to count the live ones: several agents on one
+	// Redis must say how many share it here, or a Redis outage admits that
+	// many times the limit.
 	Agents int `yaml:"agents"`
 	// Auth guards the decision APIs (RLS and /v1/*); health probes stay
 	// open.
@@ -73,7 +94,8 @@ type Config struct {
 }
 
 // AuthConfig lists the bearer tokens callers must present
-// ("authorization: Bearer <token>" on gRPC metadata and HTTP). Tokens are
+// ("authorization: Bearer <token>" on gRPC metadata and HTTP; the scheme
+// is case-insensitive, RFC 7235). Tokens are at least 16 characters. Tokens are
 // read from a file (one per line, # comments) and/or an environment
 // variable (comma-separated), never from this file, and never logged. No
 // tokens: no authentication.
@@ -159,14 +181,22 @@ func ParseConfig(data []byte) (*Config, error) {
 		}
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	if err := c.Validate(); err != nil {
+	if !c.Cluster.Enabled() && len(c.Regions) == 0 && c.Region != "" {
+		c.Regions = []string{c.Region} // standalone: the one region
+	}
+	if err := c.validate(true); err != nil {
 		return nil, err
 	}
 	return &c, nil
 }
 
 // Validate reports every problem with c.
-func (c *Config) Validate() error {
+func (c *Config) Validate() error { return c.validate(false) }
+
+// validate is Validate; loaded adds the checks of a file that runs on its
+// own (a program that wires its own Control, like meridian demo, may build
+// a multi-region Config without a cluster section).
+func (c *Config) validate(loaded bool) error {
 	var errs []error
 	bad := func(field, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
@@ -179,7 +209,11 @@ func (c *Config) Validate() error {
 	}
 	if !slices.Contains(c.Regions, c.Region) {
 		bad("regions", "%q does not list region %q", c.Regions, c.Region)
+	} else if loaded && !c.Cluster.Enabled() && len(c.Regions) > 1 {
+		bad("regions", "%q: %d regions without a cluster section: a standalone agent holds the whole of every budget in its region, so each region would admit the full limit; "+
+			"add a cluster section to share the budgets between the regions, or list only %q", c.Regions, len(c.Regions), c.Region)
 	}
+	c.validateSafeFraction(bad)
 	if c.Policy == "" {
 		bad("policy", "empty: the policy file is required")
 	}
@@ -224,6 +258,65 @@ func (c *Config) Validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}
+
+// validateSafeFraction checks safe_fraction for the agent's mode.
+func (c *Config) validateSafeFraction(bad func(field, format string, a ...any)) {
+	f := c.SafeFraction
+	switch {
+	case f == 0:
+	case math.IsNaN(f) || f < 0 || f > 1:
+		bad("safe_fraction", "%v: must be in (0, 1]", f)
+	case !c.Cluster.Enabled():
+	case f == 1:
+		bad("safe_fraction", "1: in a cluster the floors would be the whole budget and the coordinator could move nothing; must be below 1")
+	case c.Cluster.Coordinator.SafeFraction != 0 && c.Cluster.Coordinator.SafeFraction != f:
+		bad("safe_fraction", "%v differs from cluster.coordinator.safe_fraction %v: the node's floors and the coordinator's must agree; set one of them",
+			f, c.Cluster.Coordinator.SafeFraction)
+	}
+}
+
+// ResolvedSafeFraction is the safe fraction the agent's node (and, in a
+// cluster, its coordinator) runs with: safe_fraction when set; else, in a
+// cluster, cluster.coordinator.safe_fraction when set or the coordinator's
+// default (rebalance.DefaultConfig, 0.1); else 1 (standalone: the one
+// region holds every budget whole; region.StandaloneConfig).
+func (c *Config) ResolvedSafeFraction() float64 {
+	switch {
+	case c.SafeFraction > 0:
+		return c.SafeFraction
+	case !c.Cluster.Enabled():
+		return 1
+	case c.Cluster.Coordinator.SafeFraction > 0:
+		return c.Cluster.Coordinator.SafeFraction
+	}
+	return rebalance.DefaultConfig().SafeFraction
+}
+
+// NodeConfig is the region node's configuration from the agent's: region,
+// agent and regions, Δ, agents, the booking horizon (reserve_max_wait),
+// OneSlot on a Redis Cluster, the safe fraction (ResolvedSafeFraction:
+// standalone, region.StandaloneConfig's whole budget unless safe_fraction
+// says otherwise) and, in a cluster, the coordinator's max_skew. The node
+// and the coordinator must agree on Δ, the floors and the skew bound.
+func (c *Config) NodeConfig() region.Config {
+	n := region.DefaultConfig(c.Region, c.Agent, c.Regions...)
+	if !c.Cluster.Enabled() {
+		n = region.StandaloneConfig(c.Region, c.Agent)
+		n.Regions = c.Regions
+	}
+	n.SafeFraction = c.ResolvedSafeFraction()
+	n.Interval = c.Interval.D()
+	n.Agents = c.Agents
+	n.MaxReserveWait = c.ReserveMaxWait.D()    // validated against the fence in a cluster
+	n.OneSlot = c.Redis.Kind() == RedisCluster // a composite's keys must share a slot
+	if c.Cluster.Enabled() {
+		n.MaxSkew = rebalance.DefaultConfig().MaxSkew
+		if s := c.Cluster.Coordinator.MaxSkew.D(); s > 0 {
+			n.MaxSkew = s
+		}
+	}
+	return n
 }
 
 // CheckPolicy reports every problem with running policy p under c, with

@@ -9,7 +9,8 @@ import (
 
 // Control links the agent to its cluster's coordinator; package gossip
 // provides one over NATS. Without one (SetControl not called) the agent
-// runs standalone: every key at its region's safe share.
+// runs standalone: every key at its region's safe share, which a
+// standalone configuration makes the whole budget (Config.NodeConfig).
 //
 // The agent's loop goroutine — the only one that calls the node's Tick
 // and Apply — calls Report, InForce and Applied, and receives from Tables;

@@ -15,7 +15,14 @@
 // duration_until_reset the reset when OK and the retry-after when over
 // (ARCHITECTURE.md, "Interfaces to the outside"). The store the node
 // decides on is wrapped in a Breaker, so that while Redis fails each
-// limit's failure_mode decides at once.
+// limit's failure_mode decides at once. failure_mode error decides
+// nothing: the call fails — RLS with gRPC Unavailable, so that Envoy's
+// failure_mode_deny decides as it does when envoyproxy/ratelimit's Redis
+// fails; POST /v1/decide and /v1/reserve with 503 and an
+// api.ErrorResponse — and is counted in meridian_fallback_error_total. In
+// a composite a closed limit still denies (closed wins over error), and an
+// error limit keeps local and open ones from answering (package region,
+// "Failure and shadow").
 //
 // # Life cycle
 //
@@ -72,7 +79,15 @@
 // protojson RateLimitRequest decided by ShouldRateLimit, answered with
 // upstream's status codes) and /healthcheck. With bearer tokens
 // configured, RLS, /v1/* and /json require "authorization: Bearer
-// <token>"; health and metrics stay open. The JSON types live in region/agent/api.
+// <token>" (the scheme in any case, RFC 7235: "bearer", "BEARER"); health
+// and metrics stay open. The JSON types live in region/agent/api. POST
+// bodies to /v1/* must be sent as application/json (a charset parameter
+// only as utf-8; else 415) and be exactly one JSON object (trailing data is
+// a 400) whose strings are UTF-8: a raw invalid byte or an unpaired
+// surrogate escape is a 400, as gRPC refuses invalid UTF-8, rather than
+// U+FFFD, which would put distinct byte strings in one bucket. /json takes
+// its body as upstream's does (any content type; protojson, which refuses
+// invalid UTF-8 too).
 //
 // POST /v1/reserve books at most reserve_max_wait ahead (default 2 s, the
 // coordinator's default fence; a larger max_wait_ms is a 400), and the node

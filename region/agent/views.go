@@ -41,6 +41,10 @@ func (a *Agent) handleReserve(rw http.ResponseWriter, r *http.Request) {
 		a.badHTTP(rw, "reserve: "+err.Error())
 		return
 	}
+	if err := storeFailed(&w.d); err != nil {
+		writeError(rw, http.StatusServiceUnavailable, "reserve: "+err.Error())
+		return
+	}
 	out := ReserveResponse{Booked: w.d.Allowed, WaitMs: ms(w.d.Result.Wait)}
 	if !w.d.Allowed && w.d.Result.RetryAfter != gcra.Never {
 		out.RetryAfterMs = ms(w.d.Result.RetryAfter)
@@ -52,6 +56,13 @@ func (a *Agent) handleReserve(rw http.ResponseWriter, r *http.Request) {
 func (a *Agent) badHTTP(rw http.ResponseWriter, msg string) {
 	a.errors.Inc()
 	http.Error(rw, msg, http.StatusBadRequest)
+}
+
+// writeError answers code with an ErrorResponse.
+func writeError(rw http.ResponseWriter, code int, msg string) {
+	rw.Header().Set("Content-Type", "application/json")
+	rw.WriteHeader(code)
+	_ = json.NewEncoder(rw).Encode(ErrorResponse{Error: msg})
 }
 
 func writeJSON(rw http.ResponseWriter, v any) {

@@ -62,3 +62,12 @@ type ReserveResponse struct {
 	WaitMs       float64 `json:"wait_ms"`
 	RetryAfterMs float64 `json:"retry_after_ms,omitempty"`
 }
+
+// ErrorResponse is the body of a 503 from POST /v1/decide or /v1/reserve:
+// the store failed and a limit's failure_mode is error, so the request was
+// not decided and the caller's own failure policy decides (region/client's
+// middleware: Options.FailOpen), as Envoy's failure_mode_deny does for
+// the RLS call that fails with Unavailable.
+type ErrorResponse struct {
+	Error string `json:"error"`
+}
