@@ -224,7 +224,8 @@ func TestUpstreamEnv(t *testing.T) {
 		{[]string{"PORT=8080", "HOST=x", "LOG_LEVEL=debug"}, nil}, // a platform's, a shell's
 		{[]string{"PORT=8080", "REDIS_URL=r:6379", "RUNTIME_ROOT=/data", "REDIS_URL=again"}, []string{"REDIS_URL", "RUNTIME_ROOT"}},
 		{[]string{"MEMCACHE_HOST_PORT=m:1", "REDIS_PERSECOND_URL=x", "USE_STATSD=false"}, []string{"MEMCACHE_HOST_PORT", "REDIS_PERSECOND_URL", "USE_STATSD"}},
-		{[]string{"REDISX=1", "RUNTIME=1"}, nil},
+		{[]string{"REDISX=1", "RUNTIME=1", "REDIS_HOST=cache", "TRACING=1"}, nil}, // not upstream's
+		{[]string{"TRACING_SAMPLING_RATE=0.5", "CONFIG_GRPC_XDS_NODE_ID=n"}, []string{"CONFIG_GRPC_XDS_NODE_ID", "TRACING_SAMPLING_RATE"}},
 	}
 	for _, tt := range tests {
 		if got := UpstreamEnv(tt.give); !slices.Equal(got, tt.want) {
