@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -13,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
@@ -27,21 +32,40 @@ const agentSynopsis = `
 Run a region's agent beside its gateways: Envoy RLS v3 over gRPC and a JSON
 API over HTTP, deciding on the region's Redis with the node's policy.
 
-  meridian agent --config agent.yaml`
+  meridian agent --config agent.yaml
+
+Without --config, envoyproxy/ratelimit's environment variables configure a
+standalone agent, so a container spec written for it runs unchanged:
+
+  REDIS_SOCKET_TYPE=tcp REDIS_URL=redis:6379 RUNTIME_ROOT=/data \
+    RUNTIME_SUBDIRECTORY=ratelimit meridian agent`
 
 func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("agent", agentSynopsis, stdout, stderr)
-	path := fs.String("config", "", "the agent's YAML configuration (required)")
+	path := fs.String("config", "", "the agent's YAML configuration (required unless envoyproxy/ratelimit's environment variables are set)")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
-	if *path == "" {
-		fmt.Fprintln(stderr, "meridian agent: --config is required")
-		return errUsage
-	}
-	cfg, err := agent.LoadConfig(*path)
-	if err != nil {
-		return err
+	var (
+		cfg *agent.Config
+		env *agent.EnvConfig // nil: configured from the file
+		err error
+	)
+	if *path != "" {
+		if cfg, err = agent.LoadConfig(*path); err != nil {
+			return err
+		}
+	} else {
+		names := agent.UpstreamEnv(os.Environ())
+		if len(names) == 0 {
+			fmt.Fprintln(stderr, "meridian agent: --config is required (or envoyproxy/ratelimit's environment: REDIS_URL, RUNTIME_ROOT, ...)")
+			return errUsage
+		}
+		host, _ := os.Hostname()
+		if env, err = agent.FromEnv(os.LookupEnv, os.Environ(), host); err != nil {
+			return fmt.Errorf("no --config, so configured from the environment (%s set): %w", strings.Join(names, ", "), err)
+		}
+		cfg = &env.Config
 	}
 	if os.Getenv("GOGC") == "" {
 		// The agent's live heap is a few MB (interned keys, pooled
@@ -51,15 +75,26 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// environment wins.
 		debug.SetGCPercent(agentGCPercent)
 	}
-	data, err := os.ReadFile(cfg.Policy)
+	// A file, or a directory of envoyproxy/ratelimit files.
+	policy, err := region.LoadPolicy(cfg.Policy, cfg.PolicyOptions.LoadOptions())
 	if err != nil {
+		if !strings.Contains(err.Error(), cfg.Policy) {
+			err = fmt.Errorf("%s: %w", cfg.Policy, err)
+		}
 		return err
 	}
-	policy, err := region.ParsePolicy(data)
-	if err != nil {
-		return fmt.Errorf("%s: %w", cfg.Policy, err)
-	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if env != nil {
+		opts := &slog.HandlerOptions{Level: env.LogLevel}
+		if env.LogJSON {
+			log = slog.New(slog.NewJSONHandler(stderr, opts))
+		} else {
+			log = slog.New(slog.NewTextHandler(stderr, opts))
+		}
+		for _, w := range env.Warnings {
+			log.Warn(w)
+		}
+	}
 	for _, w := range cfg.Warnings() {
 		log.Warn(w)
 	}
@@ -84,6 +119,14 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	a.SetStoreCheck(func(ctx context.Context) error { return client.Ping(ctx).Err() })
+	if env != nil {
+		a.SetHealthcheckStore(env.HealthcheckStore)
+		stop, err := serveEnvListeners(env, a.Registry(), log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if t := cfg.Tracing; t.OTLPEndpoint != "" {
 		opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(t.OTLPEndpoint)}
 		if t.Insecure {
@@ -151,7 +194,63 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		}
 	}()
-	log.Info("agent serving", "region", cfg.Region, "agent", cfg.Agent, "grpc", cfg.GRPC, "http", cfg.HTTP,
+	from := *path
+	if env != nil {
+		from = "environment"
+	}
+	log.Info("agent serving", "config", from, "region", cfg.Region, "agent", cfg.Agent, "grpc", cfg.GRPC, "http", cfg.HTTP,
 		"policy", policy.Version(), "cluster", cfg.Cluster.Name, "redis", cfg.Redis.Kind(), "redis_addrs", strings.Join(cfg.Redis.Addresses(), ","))
 	return serveWithCluster(ctx, a, cl, func(ctx context.Context) error { return a.Run(ctx, gl, hl) })
+}
+
+// serveEnvListeners opens the listeners an agent configured from
+// upstream's environment adds: the debug port (DEBUG_HOST:DEBUG_PORT:
+// /metrics and /debug/pprof/) and USE_PROMETHEUS's PROMETHEUS_ADDR (the
+// metrics at PROMETHEUS_PATH). It returns once they listen; stop closes
+// them.
+func serveEnvListeners(env *agent.EnvConfig, reg *prometheus.Registry, log *slog.Logger) (stop func(), err error) {
+	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	var servers []*http.Server
+	stop = func() {
+		for _, s := range servers {
+			_ = s.Close()
+		}
+	}
+	serve := func(what, addr string, h http.Handler) error {
+		lis, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		s := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		servers = append(servers, s)
+		go func() {
+			if err := s.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+				log.Error(what+" stopped", "err", err)
+			}
+		}()
+		log.Info(what+" serving", "addr", lis.Addr().String())
+		return nil
+	}
+	if env.Debug != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", metrics)
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		if err := serve("debug listener (DEBUG_HOST:DEBUG_PORT)", env.Debug, mux); err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	if env.MetricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle(env.MetricsPath, metrics)
+		if err := serve("metrics listener (PROMETHEUS_ADDR)", env.MetricsAddr, mux); err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	return stop, nil
 }

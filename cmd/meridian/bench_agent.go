@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/meridian-quota/meridian/internal/loadgen"
+	"github.com/meridian-quota/meridian/region/agent"
 )
 
 const benchAgentSynopsis = `
@@ -20,15 +24,19 @@ ShouldRateLimit for --domain with one descriptor --key=k<N>, N drawn from
 each (a server's first round after --warmup, later ones after 200 ms), so
 drift on a shared machine hits them alike. Prints decisions/s, p50, p99, max
 over all rounds, the fraction allowed and errors, and each target's
-throughput against the first one's.
+throughput against the first one's. The default target is an agent on its
+config's default grpc address. An agent with auth takes the bearer token
+from --token or --token-file (sent to every target).
 
   meridian bench noop-rls --listen 127.0.0.1:9081 &
-  meridian bench agent --targets noop=127.0.0.1:9081,agent=127.0.0.1:8081`
+  meridian bench agent --targets noop=127.0.0.1:9081,agent=127.0.0.1:8081 --token-file tokens.txt`
 
 func runBenchAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	def := loadgen.DefaultConfig()
 	fs := newFlags("bench agent", benchAgentSynopsis, stdout, stderr)
-	targets := fs.String("targets", "", "name=host:port,... of RLS servers (required)")
+	targets := fs.String("targets", "agent="+agent.DefaultConfig().GRPC, "name=host:port,... of RLS servers")
+	token := fs.String("token", "", "bearer token sent as \"authorization: Bearer <token>\" (visible in ps: prefer --token-file)")
+	tokenFile := fs.String("token-file", "", "file whose first line that is neither empty nor a # comment is the bearer token (an agent's auth.tokens_file works)")
 	callers := fs.String("callers", "1,8,64", "comma-separated caller counts")
 	duration := fs.Duration("duration", 5*time.Second, "measured time per target per caller count, over all rounds")
 	rounds := fs.Int("rounds", 5, "turns the targets take at each caller count")
@@ -43,6 +51,14 @@ func runBenchAgent(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil || *targets == "" {
 		fmt.Fprintf(stderr, "meridian bench agent: --targets name=host:port,... and --callers N,... are required (%v)\n", err)
 		return errUsage
+	}
+	var dial []grpc.DialOption
+	switch tok, err := benchToken(*token, *tokenFile); {
+	case err != nil:
+		fmt.Fprintf(stderr, "meridian bench agent: %v\n", err)
+		return errUsage
+	case tok != "":
+		dial = append(dial, grpc.WithPerRPCCredentials(bearer(tok)))
 	}
 	type tgt struct{ name, addr string }
 	var ts []tgt
@@ -70,7 +86,7 @@ func runBenchAgent(ctx context.Context, args []string, stdout, stderr io.Writer)
 			}
 		}
 		for _, t := range ts {
-			target, err := loadgen.RLSTarget(t.name, t.addr, *domain, *key)
+			target, err := loadgen.RLSTarget(t.name, t.addr, *domain, *key, dial...)
 			if err != nil {
 				closeAll()
 				return err
@@ -140,3 +156,37 @@ func parseCallers(s string) ([]int, error) {
 	}
 	return out, nil
 }
+
+// benchToken is the bearer token of --token or --token-file (not both):
+// the file's first line that is neither empty nor a # comment, as the
+// agent reads its tokens_file. "" without either.
+func benchToken(token, file string) (string, error) {
+	switch {
+	case token != "" && file != "":
+		return "", fmt.Errorf("--token and --token-file: give one")
+	case token != "":
+		return strings.TrimSpace(token), nil
+	case file == "":
+		return "", nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			return line, nil
+		}
+	}
+	return "", fmt.Errorf("--token-file %s: no token in it", file)
+}
+
+// bearer sends "authorization: Bearer <token>" with every RPC, over
+// plaintext too (the benchmark's connections are).
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }

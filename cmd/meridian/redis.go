@@ -68,7 +68,7 @@ func (d *redisDial) client() redis.UniversalClient {
 			Username: d.user, Password: d.pass, DB: rc.DB, TLSConfig: d.tls, Dialer: d.dialer(), PoolSize: rc.PoolSize,
 			ContextTimeoutEnabled: true})
 	}
-	return redis.NewClient(&redis.Options{Addr: addrs[0], Username: d.user, Password: d.pass, DB: rc.DB,
+	return redis.NewClient(&redis.Options{Network: rc.Network, Addr: addrs[0], Username: d.user, Password: d.pass, DB: rc.DB,
 		TLSConfig: d.tls, Dialer: d.dialer(), PoolSize: rc.PoolSize, ContextTimeoutEnabled: true})
 }
 
@@ -112,7 +112,7 @@ func (d *redisDial) credentials() string {
 // no retries, so a Redis that does not answer costs one dial. A Sentinel
 // is reached without the password and database.
 func (d *redisDial) probe(addr string, sentinel bool) *redis.Client {
-	o := &redis.Options{Addr: addr, TLSConfig: d.tls, Dialer: d.dialer(), PoolSize: 1, MaxRetries: -1, DialerRetries: 1,
+	o := &redis.Options{Network: d.rc.Network, Addr: addr, TLSConfig: d.tls, Dialer: d.dialer(), PoolSize: 1, MaxRetries: -1, DialerRetries: 1,
 		ContextTimeoutEnabled: true}
 	if !sentinel {
 		o.Username, o.Password, o.DB = d.user, d.pass, d.rc.DB

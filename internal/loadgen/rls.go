@@ -15,8 +15,10 @@ import (
 // RLSTarget speaks Envoy RLS v3 to addr: each decision is one
 // ShouldRateLimit for domain with one descriptor {descKey: "k<key>"}; a
 // request is allowed when the overall code is OK. Any RLS server works.
-func RLSTarget(name, addr, domain, descKey string) (Target, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// opts are added to the plaintext connection's (a bearer token's
+// per-RPC credentials, say).
+func RLSTarget(name, addr, domain, descKey string, opts ...grpc.DialOption) (Target, error) {
+	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		return Target{}, fmt.Errorf("loadgen: dial %s: %w", addr, err)
 	}

@@ -15,7 +15,6 @@ import (
 	"mime"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -82,22 +81,13 @@ type Agent struct {
 	tls        *tls.Config                     // nil: plaintext
 	tracer     trace.Tracer
 	reloadCh   chan struct{} // RequestReload → the Run loop
-	policyAt   fileStamp     // the policy file as last loaded
+	policyAt   [32]byte      // policyDigest of the policy path as last loaded (or rejected)
 	ctrl       Control       // nil: standalone
-}
-
-// fileStamp identifies a version of a file for polling.
-type fileStamp struct {
-	mod  time.Time
-	size int64
-}
-
-func stamp(path string) (fileStamp, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fileStamp{}, err
-	}
-	return fileStamp{fi.ModTime(), fi.Size()}, nil
+	// loadPolicy reads the policy path, a file or a directory
+	// (region.LoadPolicy; tests substitute it).
+	loadPolicy     func(path string, opt region.LoadOptions) (*region.Policy, error)
+	reloadFailing  atomic.Bool // the policy on disk was rejected last time it was read
+	healthAnyStore bool        // /healthcheck also asks the store (SetHealthcheckStore)
 }
 
 // work is one request's scratch space, pooled.
@@ -137,7 +127,8 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	if a.tls, err = cfg.TLS.Load(); err != nil {
 		return nil, err
 	}
-	a.policyAt, _ = stamp(cfg.Policy)
+	a.policyAt = policyDigest(cfg.Policy)
+	a.loadPolicy = region.LoadPolicy
 	a.pool.New = func() any { return new(work) }
 	a.tracer = noop.NewTracerProvider().Tracer("meridian/agent")
 	a.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -191,6 +182,14 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	}, []string{"result"})
 	a.reloads.WithLabelValues("ok")
 	a.reloads.WithLabelValues("rejected")
+	a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "meridian_policy_reload_failing", Help: "1 while the policy on disk is rejected and the last good one still runs (the log says why).",
+	}, func() float64 {
+		if a.reloadFailing.Load() {
+			return 1
+		}
+		return 0
+	}))
 	a.denied = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "meridian_unauthenticated_total", Help: "Requests refused for missing or wrong credentials.",
 	})
@@ -210,6 +209,7 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	a.reg.MustRegister(extra...)
 	a.ready.Store(true) // the safe share is in force until a table arrives
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	a.health.SetServingStatus(upstreamHealthService, healthpb.HealthCheckResponse_SERVING) // json_upstream.go
 	return a, nil
 }
 
@@ -274,7 +274,7 @@ func (a *Agent) authHTTP(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// RequestReload asks the Run loop to reload the policy file (SIGHUP).
+// RequestReload asks the Run loop to reload the policy (SIGHUP).
 func (a *Agent) RequestReload() {
 	select {
 	case a.reloadCh <- struct{}{}:
@@ -282,22 +282,26 @@ func (a *Agent) RequestReload() {
 	}
 }
 
-// Reload reads the policy file, validates it whole and swaps it in
-// atomically; requests already resolved finish under the old policy. A
-// broken file is rejected with its errors and the old policy stays. Call it
-// on the Run loop's goroutine (RequestReload does).
+// Reload reads the policy — the file, or every file of the directory
+// Config.Policy names (region.LoadPolicy with Config.PolicyOptions) —
+// validates it whole and swaps it in atomically; requests already resolved
+// finish under the old policy. A broken policy is rejected with its errors
+// (logged, counted in meridian_policy_reloads_total{result="rejected"},
+// and meridian_policy_reload_failing is 1 until a good one loads) and the
+// old policy stays. Call it on the Run loop's goroutine (RequestReload
+// does).
 func (a *Agent) Reload() error {
 	a.reloadMu.Lock()
 	defer a.reloadMu.Unlock()
-	st, _ := stamp(a.cfg.Policy)
-	data, err := os.ReadFile(a.cfg.Policy)
+	// The digest before the read: a change made while loading changes it
+	// again, so the next poll loads that too.
+	st := policyDigest(a.cfg.Policy)
+	p, err := a.loadPolicy(a.cfg.Policy, a.cfg.PolicyOptions.LoadOptions())
 	if err == nil {
-		var p *region.Policy
-		if p, err = region.ParsePolicy(data); err == nil {
-			err = a.cfg.CheckPolicy(p)
-		}
+		err = a.cfg.CheckPolicy(p)
 		if err == nil {
 			a.policyAt = st
+			a.reloadFailing.Store(false)
 			if p.Version() != a.node.Policy().Version() {
 				a.bindLimits(p)
 				a.node.SetPolicy(p)
@@ -307,9 +311,10 @@ func (a *Agent) Reload() error {
 			return nil
 		}
 	}
-	a.policyAt = st // do not retry the same broken file every poll
+	a.policyAt = st // do not retry the same broken policy every poll
+	a.reloadFailing.Store(true)
 	a.reloads.WithLabelValues("rejected").Inc()
-	a.log.Error("policy reload rejected; the old policy stays", "file", a.cfg.Policy, "err", err)
+	a.log.Error("policy reload rejected; the old policy stays", "path", a.cfg.Policy, "err", err)
 	return err
 }
 
@@ -799,6 +804,7 @@ func (a *Agent) Handler() http.Handler {
 		_, _ = rw.Write([]byte("ready\n"))
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	a.upstreamHTTP(mux) // envoyproxy/ratelimit's /json and /healthcheck (json_upstream.go)
 	return mux
 }
 
@@ -882,7 +888,7 @@ loop:
 		case <-a.reloadCh:
 			_ = a.Reload()
 		case <-poll:
-			if st, err := stamp(a.cfg.Policy); err == nil && st != a.policyAt {
+			if a.policyChanged() {
 				_ = a.Reload()
 			}
 		case <-tick.C:

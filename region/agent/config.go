@@ -44,8 +44,11 @@ type Config struct {
 	// cluster.coordinator.safe_fraction when both are set, and be the same
 	// in every agent and the coordinator.
 	SafeFraction float64 `yaml:"safe_fraction"`
-	// Policy is the policy file (relative to the config file).
-	Policy string `yaml:"policy"`
+	// Policy is the policy file, or a directory of envoyproxy/ratelimit
+	// files (relative to the config file); PolicyOptions say how a
+	// directory is read. Either is reloaded when its content changes.
+	Policy        string        `yaml:"policy"`
+	PolicyOptions PolicyOptions `yaml:"policy_options"`
 	// Listen addresses: GRPC serves Envoy RLS v3 and gRPC health; HTTP the
 	// JSON API, /healthz, /readyz and /metrics.
 	GRPC string `yaml:"grpc"`

@@ -58,23 +58,36 @@
 //
 // Run serves both listeners (TLS or mutual TLS when configured), ticks the
 // node every 100 ms (demand reports, lease lapses), reloads the policy when
-// its file changes or RequestReload is called (SIGHUP in cmd), and logs
-// fallback decisions at most once a second. When ctx ends it fails
+// its content changes — the file's, or that of every file under a policy
+// directory, links followed, so a swapped RUNTIME_ROOT link counts — or
+// RequestReload is called (SIGHUP in cmd), and logs fallback decisions at
+// most once a second. A policy that does not load keeps the old one
+// running (meridian_policy_reload_failing is 1 until one loads).
+//
+// FromEnv builds a standalone agent's Config from envoyproxy/ratelimit's
+// environment variables (REDIS_URL, RUNTIME_ROOT, GRPC_PORT, ...), so that
+// a container spec written for upstream runs the agent unchanged: each
+// variable is honoured, mapped, ignored with a warning or refused with the
+// reason (cmd uses it when no --config is given). When ctx ends it fails
 // readiness, stops accepting and finishes in-flight requests.
 //
 // # Endpoints
 //
 // gRPC: envoy.service.ratelimit.v3.RateLimitService and grpc.health.v1.
 // HTTP: POST /v1/decide, POST /v1/reserve, GET /v1/table, GET
-// /v1/keys/{key}, /healthz, /readyz, /metrics. With bearer tokens
-// configured, RLS and /v1/* require "authorization: Bearer <token>" (the
-// scheme in any case, RFC 7235: "bearer", "BEARER"); health and metrics
-// stay open. The JSON types live in region/agent/api. POST bodies must be
-// sent as application/json (a charset parameter only as utf-8; else 415)
-// and be exactly one JSON object (trailing data is a 400) whose strings
-// are UTF-8: a raw invalid byte or an unpaired surrogate escape is a 400,
-// as gRPC refuses invalid UTF-8, rather than U+FFFD, which would put
-// distinct byte strings in one bucket.
+// /v1/keys/{key}, /healthz, /readyz, /metrics, and upstream's /json (a
+// protojson RateLimitRequest decided by ShouldRateLimit, answered with
+// upstream's status codes) and /healthcheck. With bearer tokens
+// configured, RLS, /v1/* and /json require "authorization: Bearer
+// <token>" (the scheme in any case, RFC 7235: "bearer", "BEARER"); health
+// and metrics stay open. The JSON types live in region/agent/api. POST
+// bodies to /v1/* must be sent as application/json (a charset parameter
+// only as utf-8; else 415) and be exactly one JSON object (trailing data is
+// a 400) whose strings are UTF-8: a raw invalid byte or an unpaired
+// surrogate escape is a 400, as gRPC refuses invalid UTF-8, rather than
+// U+FFFD, which would put distinct byte strings in one bucket. /json takes
+// its body as upstream's does (any content type; protojson, which refuses
+// invalid UTF-8 too).
 //
 // POST /v1/reserve books at most reserve_max_wait ahead (default 2 s, the
 // coordinator's default fence; a larger max_wait_ms is a 400), and the node

@@ -47,6 +47,10 @@ type RedisConfig struct {
 	// instead of Addrs; type sentinel refuses it (the master is found by
 	// name).
 	Addr string `yaml:"addr"`
+	// Network is how Addr is dialled: "tcp" (the default; Addr is
+	// host:port) or "unix" (Addr is the path of the server's Unix socket,
+	// envoyproxy/ratelimit's REDIS_SOCKET_TYPE=unix; type single only).
+	Network string `yaml:"network"`
 	// Addrs are, with type cluster, the seed nodes (any of them; the
 	// client discovers the rest) and, with type sentinel, the Sentinels;
 	// each host:port, none twice. Type single refuses them.
@@ -172,9 +176,22 @@ func (r *RedisConfig) validate(bad func(field, format string, a ...any)) {
 	if r.MasterName != "" && kind != RedisSentinel {
 		bad("redis.master_name", "set with type %s: only type sentinel finds its master by name", kind)
 	}
+	switch r.Network {
+	case "", "tcp":
+	case "unix":
+		if kind != RedisSingle {
+			bad("redis.network", "unix with type %s: only type single dials a Unix socket", kind)
+		}
+	default:
+		bad("redis.network", "%q: want tcp or unix", r.Network)
+	}
 	switch kind {
 	case RedisSingle:
-		if r.Addr != "" {
+		switch {
+		case r.Network == "unix" && r.Addr == "":
+			bad("redis.addr", "empty with network unix: name the server's socket file")
+		case r.Network == "unix":
+		case r.Addr != "":
 			checkHostPort(bad, "redis.addr", r.Addr)
 		}
 		if len(r.Addrs) > 0 {
