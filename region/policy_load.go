@@ -2,6 +2,7 @@ package region
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -147,6 +149,15 @@ func parsePolicyFiles(srcs []policySource, opt LoadOptions) (*Policy, error) {
 	pf := d.merge(fds, opt)
 	p := d.build(pf)
 	if len(d.errs) > 0 {
+		// In reading order: the decoder finds unknown fields before the
+		// values it validates, and a reader fixes a file top down.
+		slices.SortStableFunc(d.errs, func(a, b error) int {
+			var pa, pb *PolicyError
+			if !errors.As(a, &pa) || !errors.As(b, &pb) {
+				return 0
+			}
+			return cmp.Or(strings.Compare(pa.File, pb.File), cmp.Compare(pa.Line, pb.Line))
+		})
 		return nil, fmt.Errorf("%w: %w", ErrPolicy, errors.Join(d.errs...))
 	}
 	for _, src := range srcs {

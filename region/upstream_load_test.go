@@ -946,3 +946,24 @@ func TestUpstreamShareThreshold(t *testing.T) {
 		t.Errorf("RuleForKey of the shared key: %v, %v", r, err)
 	}
 }
+
+// TestPolicyErrorsInLineOrder: every problem of a file is listed top down,
+// whichever pass of the decoder found it. Fails on f96aee6: the
+// unknown field at line 8 came before the bad unit at line 5.
+func TestPolicyErrorsInLineOrder(t *testing.T) {
+	const file = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 5\n  - key: route\n    valeu: x\n"
+	_, err := ParsePolicy([]byte(file))
+	if err == nil {
+		t.Fatal("loaded")
+	}
+	var lines []int
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap()[1].(interface{ Unwrap() []error }).Unwrap() {
+		var pe *PolicyError
+		if errors.As(e, &pe) {
+			lines = append(lines, pe.Line)
+		}
+	}
+	if !slices.Equal(lines, []int{5, 8}) {
+		t.Errorf("problems at lines %v, want [5 8] in that order (%v)", lines, err)
+	}
+}
