@@ -380,6 +380,36 @@ func TestMetricsDashboard(t *testing.T) {
 	}
 }
 
+// TestMetricsDashboardShowsAlertedSeries: every metric an alert selects
+// is also queried by a dashboard panel, so the on-call who is paged can
+// see the series that fired (e.g. each failure mode of
+// MeridianFallbackDecisions on "Fallback decisions by mode"). up is
+// Prometheus's own and has no panel.
+func TestMetricsDashboardShowsAlertedSeries(t *testing.T) {
+	onDashboard := map[string]bool{}
+	for _, s := range metricsDashboardSelectors(t) {
+		onDashboard[s.name] = true
+	}
+	var missing []string
+	for _, g := range metricsAlertRules(t).Groups {
+		for _, r := range g.Rules {
+			sels, err := metricsSelectors(r.Expr, r.Alert)
+			if err != nil {
+				t.Fatalf("alert %s: %v", r.Alert, err)
+			}
+			for _, s := range sels {
+				if !metricsSynthetic[s.name] && !onDashboard[s.name] {
+					missing = append(missing, fmt.Sprintf("%s (alert %s)", s.name, r.Alert))
+				}
+			}
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		t.Errorf("%d metrics the alerts select are on no dashboard panel:\n  %s", len(missing), strings.Join(slices.Compact(missing), "\n  "))
+	}
+}
+
 // metricsExposition is what an agent's /metrics serves: family types by
 // name (from # TYPE lines) and every sample's labels by sample name.
 type metricsExposition struct {
@@ -669,7 +699,39 @@ cluster:
 		slices.Sort(missing)
 		t.Errorf("%d selectors name series a fresh agent does not expose:\n  %s", len(missing), strings.Join(missing, "\n  "))
 	}
+	// The other way round: every Meridian family the agent exports is on
+	// the dashboard or in an alert, or listed in metricsUnwatched with why —
+	// so a new metric (a new failure mode's counter) cannot ship unwatched.
+	var unwatched []string
+	for name := range ex.types {
+		if strings.HasPrefix(name, "meridian_") && !names[name] && !names[name+"_bucket"] && !names[name+"_count"] && metricsUnwatched[name] == "" {
+			unwatched = append(unwatched, name)
+		}
+	}
+	if len(unwatched) > 0 {
+		slices.Sort(unwatched)
+		t.Errorf("%d metrics a fresh agent exports are on no dashboard panel and in no alert (add one, or list it in metricsUnwatched with why):\n  %s",
+			len(unwatched), strings.Join(unwatched, "\n  "))
+	}
+	for name := range metricsUnwatched {
+		if names[name] {
+			t.Errorf("metricsUnwatched lists %s, which the dashboard or an alert uses: drop it from the list", name)
+		}
+	}
 	t.Logf("%d selectors over %d metric names checked against a fresh agent in %v", len(sels), len(names), time.Since(start).Round(time.Millisecond))
+}
+
+// metricsUnwatched are the Meridian metrics an agent exports that neither
+// the dashboard nor an alert uses, each with the reason.
+var metricsUnwatched = map[string]string{
+	"meridian_breaker_opens_total":        "the breaker's state is on \"Breakers open\" and its rejections on \"Redis calls and errors\"",
+	"meridian_cluster_table_term":         "gossip's copy of meridian_table_term, which the dashboard and MeridianNoTable use",
+	"meridian_cluster_table_epoch":        "gossip's copy of meridian_table_epoch, which the dashboard uses",
+	"meridian_lease_takes_total":          "lease tuning (lease.units), not health; lease hits are on \"Served without Redis\"",
+	"meridian_lease_stranded_units_total": "lease tuning (lease.units), not health",
+	"meridian_bad_requests_total":         "not watched yet: a malformed request is refused with an error and consumes nothing",
+	"meridian_policy_reloads_total":       "not watched yet: a rejected reload keeps the policy in force and logs every error",
+	"meridian_unauthenticated_total":      "not watched yet: a refused caller is answered Unauthenticated / 401 and consumes nothing",
 }
 
 // metricsAgent is the target labels of compose agent name (e.g. "eu-1").
@@ -708,8 +770,11 @@ func TestMetricsAlertExpressions(t *testing.T) {
   meridian_fallback_local_total{` + a("us-1") + `} 0x60
   meridian_fallback_open_total{` + a("ap-1") + `} 7x60
   meridian_fallback_closed_total{` + a("ap-1") + `} 0x60
-  meridian_fallback_local_total{` + a("ap-1") + `} 3x60`, []string{"instance", "mode"},
-			[]string{"agent-eu-1:8080 local", "agent-us-1:8080 closed"}},
+  meridian_fallback_local_total{` + a("ap-1") + `} 3x60
+  meridian_fallback_error_total{` + a("eu-1") + `} 0x60
+  meridian_fallback_error_total{` + a("us-1") + `} 0x60
+  meridian_fallback_error_total{` + a("ap-1") + `} 0+2x60`, []string{"instance", "mode"},
+			[]string{"agent-ap-1:8080 error", "agent-eu-1:8080 local", "agent-us-1:8080 closed"}},
 		// eu-1: every call under 1 ms. eu-2: 5 % in (5 ms, 10 ms]. us-1:
 		// 5 % in (25 ms, 50 ms].
 		{"MeridianStoreLatencyHigh", metricsBuckets("eu-1", 100, 100, 100, 100, 100) + metricsBuckets("eu-2", 90, 95, 100, 100, 100) +

@@ -6,7 +6,9 @@
 // pair one-way latency with jitter and loss, partitions, region loss,
 // coordinator failover, Redis outages (exercising the failure modes) and
 // clock skew. Nothing here decides, shares, leases or rebalances on its
-// own. A region's skewed clock is its store's clock and its agents' wall
+// own — but for the caller's answer to failure_mode error, which the
+// agent leaves to the caller: the scenario's on_error (admit, Envoy's
+// default, or deny) gives it, and Result.Errored counts those requests. A region's skewed clock is its store's clock and its agents' wall
 // clock; each agent's time comes from it through a region.Clock, exactly
 // as the agent shell's comes from the host's wall clock.
 //

@@ -235,7 +235,7 @@ type decisions struct {
 	Requests, Admitted, Retries, Dropped int64
 	Reports, Tables, Acks, Lost          int64
 	ReportBytes, TableBytes, AckBytes    int64
-	Fallbacks                            int64
+	Fallbacks, Errored                   int64
 }
 
 // NewRun prepares a run of sc under one strategy, interval and seed,
@@ -893,10 +893,7 @@ func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 		if err != nil {
 			panic(fmt.Sprintf("sim: decide %s: %v", k.name, err))
 		}
-		allowed, retryAfter = d.Allowed, d.Result.RetryAfter
-		if d.Fallback {
-			r.dec.Fallbacks++
-		}
+		allowed, retryAfter = r.callerDecides(d), d.Result.RetryAfter
 	}
 	if allowed {
 		r.dec.Admitted++
@@ -934,11 +931,9 @@ func (r *Run) reserve(i, ri int, cost int64, attempt int) {
 		panic(fmt.Sprintf("sim: reserve %s: %v", k.name, err)) // one limit per key: a bug
 	}
 	d := &r.rd
-	if d.Fallback {
-		r.dec.Fallbacks++
-	}
-	r.m.offer(i, cost, d.Allowed != or.Allowed, r.now)
-	if d.Allowed {
+	allowed := r.callerDecides(d)
+	r.m.offer(i, cost, allowed != or.Allowed, r.now)
+	if allowed {
 		r.dec.Admitted++
 		r.schedule(event{t: r.now + d.Result.Wait.Microseconds(), kind: evServed, a: int32(i), b: int32(ri), c: cost << 1})
 		return
@@ -948,6 +943,23 @@ func (r *Run) reserve(i, ri int, cost int64, attempt int) {
 		wait += time.Duration(r.rng.Float64() * rs.Jitter * float64(wait))
 		r.schedule(event{t: r.now + wait.Microseconds(), kind: evRetry, a: int32(i), b: int32(ri), c: cost<<retryCostBits | int64(attempt+1)})
 	}
+}
+
+// callerDecides counts d's fallback and returns whether the request goes
+// through: d.Allowed, or — when failure_mode error left it undecided (the
+// agent answered an error) — what the caller's own failure policy does
+// (Scenario.OnError). Such a request carries no retry-after: a caller that
+// denies it retries, as after any refusal, without one.
+func (r *Run) callerDecides(d *region.Decision) bool {
+	if !d.Fallback {
+		return d.Allowed
+	}
+	r.dec.Fallbacks++
+	if d.FallbackMode != region.FailError {
+		return d.Allowed
+	}
+	r.dec.Errored++
+	return r.sc.OnError == "admit"
 }
 
 // rcDecide is the replicated-counter baseline: each region admits against

@@ -33,7 +33,10 @@ type Result struct {
 	Retries   int64 `json:"retries"`
 	Dropped   int64 `json:"dropped"`
 	Fallbacks int64 `json:"fallbacks"`
-	Lost      int64 `json:"lost_messages"`
+	// Errored counts the fallbacks failure_mode error left to the caller
+	// (Scenario.OnError decided them); they are among Fallbacks.
+	Errored int64 `json:"errored"`
+	Lost    int64 `json:"lost_messages"`
 
 	Keys []KeyResult `json:"keys,omitempty"`
 	Top  []TopKey    `json:"top_keys,omitempty"`
@@ -83,7 +86,7 @@ type TopKey struct {
 func (r *Run) result() *Result {
 	res := &Result{Scenario: r.sc.Name, Strategy: r.strategy, Interval: Duration(time.Duration(r.interval) * time.Microsecond),
 		Seed: r.seed, Requests: r.dec.Requests, Retries: r.dec.Retries, Dropped: r.dec.Dropped,
-		Fallbacks: r.dec.Fallbacks, Lost: r.dec.Lost, BytesEstimated: r.strategy == ReplicatedCounter}
+		Fallbacks: r.dec.Fallbacks, Errored: r.dec.Errored, Lost: r.dec.Lost, BytesEstimated: r.strategy == ReplicatedCounter}
 	r.m.fill(res)
 	kr := float64(len(r.keys)*len(r.regions)) * float64(r.end) / 1e6
 	res.Messages = float64(r.dec.Reports+r.dec.Tables+r.dec.Acks) / kr

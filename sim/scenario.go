@@ -55,8 +55,16 @@ type Scenario struct {
 	Strategies []string `yaml:"strategies"`
 	// Intervals lists the rebalance intervals Δ to compare.
 	Intervals []Duration `yaml:"intervals"`
-	// FailureMode is every limit's failure_mode (open, closed, local).
+	// FailureMode is every limit's failure_mode (open, closed, local,
+	// error).
 	FailureMode string `yaml:"failure_mode"`
+	// OnError is what the caller does with a request failure_mode error
+	// leaves undecided while the store fails (the agent answers RLS
+	// Unavailable, HTTP 503): admit, as Envoy does by default
+	// (failure_mode_deny: false), or deny (failure_mode_deny: true). Set
+	// only with failure_mode error; the run counts such requests in
+	// Result.Errored and scores the caller's answer against the oracle.
+	OnError string `yaml:"on_error"`
 	// Sync is the replicated-counter baseline's synchronisation interval.
 	Sync Duration `yaml:"sync"`
 	// Lease, MaxSkew and Fence configure the coordinator (0: its defaults).
@@ -362,6 +370,9 @@ func (s *Scenario) defaults() {
 	if s.FailureMode == "" {
 		s.FailureMode = "closed"
 	}
+	if s.FailureMode == "error" && s.OnError == "" {
+		s.OnError = "admit" // Envoy's failure_mode_deny defaults to false
+	}
 	if s.Sync == 0 {
 		s.Sync = Duration(100 * time.Millisecond)
 	}
@@ -572,8 +583,14 @@ func (s *Scenario) Validate() error {
 			bad(fmt.Sprintf("intervals[%d]", i), "%s: must be in [100ms, 10m]", iv.D())
 		}
 	}
-	if !slices.Contains([]string{"open", "closed", "local"}, s.FailureMode) {
-		bad("failure_mode", "%q: want open, closed or local", s.FailureMode)
+	if !slices.Contains([]string{"open", "closed", "local", "error"}, s.FailureMode) {
+		bad("failure_mode", "%q: want open, closed, local or error", s.FailureMode)
+	}
+	switch {
+	case s.OnError != "" && s.FailureMode != "error":
+		bad("on_error", "%q: only failure_mode error leaves a decision to the caller (failure_mode is %q)", s.OnError, s.FailureMode)
+	case s.FailureMode == "error" && !slices.Contains([]string{"admit", "deny"}, s.OnError):
+		bad("on_error", "%q: want admit (Envoy's failure_mode_deny: false) or deny (true)", s.OnError)
 	}
 	if s.Sync.D() < time.Millisecond {
 		bad("sync", "%s: must be at least 1ms", s.Sync.D())

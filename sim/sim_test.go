@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -281,6 +282,96 @@ faults:
 	}
 }
 
+// With failure_mode error a Redis outage leaves every request of the
+// region to the caller (the agent answers an error): the run counts each
+// one in Errored, and scores what the caller does with it. The nodes
+// decide, record and report the same whatever the caller does, so with
+// on_error deny the run is the failure_mode closed run exactly, and with
+// on_error admit it admits exactly the errored requests more — the
+// over-admission the scorer then measures against the oracle. Without
+// retries the workload does not depend on the answers, so these are
+// identities, not tolerances. The reserve variant books with the nodes'
+// Reserve; an admitted errored request is served at once.
+func TestErrorModeLeavesTheCallToTheCaller(t *testing.T) {
+	const src = `
+name: error-outage
+duration: 60s
+warmup: 5s
+regions: [{name: eu, agents: 2, weight: 8}, {name: us}, {name: ap}]
+latency: {mean: 20ms}
+keys: {count: 10, zipf: 1, ratio: 3, burst_seconds: 2, home_fraction: 0.8}
+workload: {rate: 3000%s}
+faults:
+  redis_outage: [{region: eu, at: 20s, for: 15s}]
+`
+	run := func(t *testing.T, sc *Scenario) (res *Result, outage int64) {
+		t.Helper()
+		r, err := NewRun(sc, "static", time.Second, 1, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The requests the outage meets: those offered in eu during it.
+		r.OnArrival(func(a Arrival) {
+			if a.Region == 0 && a.T >= 20e6 && a.T < 35e6 {
+				outage++
+			}
+		})
+		if res, err = r.Simulate(); err != nil {
+			t.Fatal(err)
+		}
+		return res, outage
+	}
+	for _, tt := range []struct{ name, workload string }{
+		{"decide", ""},
+		{"reserve", ", retry: {max: 0, reserve: 500ms}"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			base := fmt.Sprintf(src, tt.workload)
+			closed, _ := run(t, mustScenario(t, base+"failure_mode: closed\n"))
+			deny, outage := run(t, mustScenario(t, base+"failure_mode: error\non_error: deny\n"))
+			admit, _ := run(t, mustScenario(t, base+"failure_mode: error\n")) // on_error admit, Envoy's default
+			if outage == 0 {
+				t.Fatal("no request offered in eu during the outage")
+			}
+			// Every request eu offered during the outage reached the failing
+			// store, but those the deny cache denied first (an exact
+			// denial, not a fallback; reservations do not use it).
+			errored := deny.Errored
+			if errored == 0 || errored > outage || (tt.name == "reserve" && errored != outage) {
+				t.Errorf("errored %d of the %d requests eu offered during the outage", errored, outage)
+			}
+			for name, r := range map[string]*Result{"deny": deny, "admit": admit, "closed": closed} {
+				want := errored
+				if name == "closed" {
+					want = 0
+				}
+				if r.Errored != want || r.Fallbacks != errored {
+					t.Errorf("%s: errored %d, fallbacks %d, want %d and %d", name, r.Errored, r.Fallbacks, want, errored)
+				}
+			}
+			// on_error deny is failure_mode closed, but for the count.
+			d := *deny
+			d.Scenario, d.Errored = closed.Scenario, 0
+			if !reflect.DeepEqual(&d, closed) {
+				t.Errorf("on_error deny differs from failure_mode closed beyond Errored:\n deny   %+v\n closed %+v", &d, closed)
+			}
+			// on_error admit lets every errored request through: cost 1
+			// each, all after the warm-up.
+			if admit.Admitted != deny.Admitted+errored || admit.OracleAdmitted != deny.OracleAdmitted || admit.Offered != deny.Offered {
+				t.Errorf("admitted %d (oracle %d, offered %d) with on_error admit, want %d + %d errored (oracle %d, offered %d)",
+					admit.Admitted, admit.OracleAdmitted, admit.Offered, deny.Admitted, errored, deny.OracleAdmitted, deny.Offered)
+			}
+			// The keys are at 3× their budgets and eu offers most of their
+			// traffic: admitting all of it for 15 s is over-admission the
+			// scorer must see.
+			if admit.OABudget.Max <= deny.OABudget.Max || admit.Windows[0].OA.Mean <= deny.Windows[0].OA.Mean {
+				t.Errorf("OA_budget max %v, OA(1s) mean %v with on_error admit; want above on_error deny's %v, %v",
+					admit.OABudget.Max, admit.Windows[0].OA.Mean, deny.OABudget.Max, deny.Windows[0].OA.Mean)
+			}
+		})
+	}
+}
+
 func TestScenarioErrors(t *testing.T) {
 	base := `
 name: x
@@ -308,6 +399,8 @@ workload: {rate: 100}
 		{"home strategy", base + "strategies: [home]\n", `"home" needs one home region`},
 		{"interval too short", base + "intervals: [10ms]\n", "intervals[0]: 10ms: must be in [100ms, 10m]"},
 		{"bad failure mode", base + "failure_mode: maybe\n", `failure_mode: "maybe"`},
+		{"on_error without failure_mode error", base + "on_error: deny\n", `on_error: "deny": only failure_mode error leaves a decision to the caller (failure_mode is "closed")`},
+		{"bad on_error", base + "failure_mode: error\non_error: retry\n", `on_error: "retry": want admit (Envoy's failure_mode_deny: false) or deny (true)`},
 		{"fault outside the run", base + "faults: {redis_outage: [{region: eu, at: 8s, for: 5s}]}\n", "faults.redis_outage[0]: window [8s, 13s) must be non-empty and inside the run"},
 		{"partition of every region", base + "faults: {partitions: [{side: [eu, us], at: 1s, for: 1s}]}\n", "faults.partitions[0].side: must name some regions, not all"},
 		{"losing the coordinator's region", base + "faults: {region_loss: [{region: eu, at: 1s, for: 1s}]}\n", `faults.region_loss[0].region: "eu" hosts the coordinator`},

@@ -1,6 +1,6 @@
 // Package regiontest builds region nodes for the tests of the packages
-// around region (the agent, the client): a node on real Redis, and tables
-// that give its region whole budgets.
+// around region (the agent, the client): a standalone node on real Redis,
+// and tables that give its region whole budgets.
 package regiontest
 
 import (
@@ -33,14 +33,22 @@ func RedisStore(t testing.TB) *redisstore.Store {
 }
 
 // Node returns agent eu-1 of region eu, the only region, deciding with
-// store under the policy src.
+// store under the policy src: a standalone node (region.StandaloneConfig),
+// whose safe share is the whole budget.
 func Node(t testing.TB, src string, store region.Store) *region.Node {
+	t.Helper()
+	return NodeWith(t, region.StandaloneConfig("eu", "eu-1"), src, store)
+}
+
+// NodeWith is Node with the node's config cfg: for a test that needs a
+// safe share below the whole budget.
+func NodeWith(t testing.TB, cfg region.Config, src string, store region.Store) *region.Node {
 	t.Helper()
 	pol, err := region.ParsePolicy([]byte(src))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := region.NewNode(region.DefaultConfig("eu", "eu-1", "eu"), pol, store)
+	n, err := region.NewNode(cfg, pol, store)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,9 +48,9 @@ domains:
         rate_limit: {unit: hour, requests_per_unit: 100, burst: 10}
 `
 
-// start runs an agent for region eu alone, on real Redis, with a table
-// giving eu every key's whole budget, and returns an RLS client and the
-// HTTP server's URL.
+// start runs an agent for region eu alone, on real Redis — a standalone
+// node, every key at its whole budget without a table — and returns an RLS
+// client and the HTTP server's URL.
 func start(t *testing.T) (*Agent, rlsv3.RateLimitServiceClient, string) {
 	t.Helper()
 	return startWith(t, nil)
@@ -60,7 +60,12 @@ func start(t *testing.T) (*Agent, rlsv3.RateLimitServiceClient, string) {
 // is written to a file the config names.
 func startWith(t *testing.T, edit func(*Config)) (*Agent, rlsv3.RateLimitServiceClient, string) {
 	t.Helper()
-	node := regiontest.Node(t, testPolicy, regiontest.RedisStore(t))
+	return startOn(t, regiontest.Node(t, testPolicy, regiontest.RedisStore(t)), edit)
+}
+
+// startOn is startWith deciding with node (built under testPolicy).
+func startOn(t *testing.T, node *region.Node, edit func(*Config)) (*Agent, rlsv3.RateLimitServiceClient, string) {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Agent, cfg.Regions = "eu", "eu-1", []string{"eu"}
 	cfg.Policy = filepath.Join(t.TempDir(), "policy.yaml")
@@ -109,7 +114,8 @@ func serveRLS(t testing.TB, a *Agent) rlsv3.RateLimitServiceClient {
 	return rlsv3.NewRateLimitServiceClient(conn)
 }
 
-// giveAll applies a table giving eu the whole budget of each key.
+// giveAll applies a table giving eu the whole budget of each key (what a
+// standalone node holds without one): for tests of the table views.
 func giveAll(t *testing.T, a *Agent, keys ...string) { regiontest.GiveAll(t, a.node, keys...) }
 
 func desc(hits *uint64, kv ...string) *commonv3.RateLimitDescriptor {
@@ -126,8 +132,7 @@ func desc(hits *uint64, kv ...string) *commonv3.RateLimitDescriptor {
 func u64(v uint64) *uint64 { return &v }
 
 func TestRLSSeedTrace(t *testing.T) {
-	a, cl, _ := start(t)
-	giveAll(t, a, region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}}))
+	_, cl, _ := start(t)
 	ctx := context.Background()
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", "acme")}}
 	// Seed 003: 5/s, burst 3 — three admitted back to back, the fourth
@@ -157,10 +162,7 @@ func TestRLSSeedTrace(t *testing.T) {
 }
 
 func TestRLSCompositeAndHits(t *testing.T) {
-	a, cl, url := start(t)
-	tenant := region.KeyName("api", []region.Entry{{Key: "tenant", Value: "t1"}})
-	route := region.KeyName("api", []region.Entry{{Key: "tenant", Value: "t1"}, {Key: "route", Value: "/search"}})
-	giveAll(t, a, tenant, route)
+	_, cl, url := start(t)
 	ctx := context.Background()
 	both := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{
 		desc(nil, "tenant", "t1"), desc(nil, "tenant", "t1", "route", "/search")}}
@@ -285,7 +287,6 @@ func TestAuthOnBothProtocols(t *testing.T) {
 	const token = "s3cret-token-0123456789"
 	t.Setenv("MERIDIAN_TEST_TOKENS", "other-token-abcdefghij,"+token)
 	a, cl, url := startWith(t, func(c *Config) { c.Auth.TokensEnv = "MERIDIAN_TEST_TOKENS" })
-	giveAll(t, a, region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}}))
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", "acme")}}
 	for _, md := range []string{"", "Bearer wrong-token-0123456789", token} {
 		ctx := context.Background()
@@ -398,8 +399,7 @@ func TestHotReloadUnderLoad(t *testing.T) {
 }
 
 func TestRLSResponseHeaders(t *testing.T) {
-	a, cl, _ := startWith(t, func(c *Config) { c.ResponseHeaders = true })
-	giveAll(t, a, region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}}))
+	_, cl, _ := startWith(t, func(c *Config) { c.ResponseHeaders = true })
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "tenant", "acme")}}
 	hdr := func(resp *rlsv3.RateLimitResponse) map[string]string {
 		m := map[string]string{}
@@ -445,7 +445,7 @@ func getJSON(t *testing.T, url string, v any) int {
 func TestReserveAndAdminViews(t *testing.T) {
 	a, _, url := start(t)
 	key := region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}})
-	giveAll(t, a, key)
+	giveAll(t, a, key) // the table view below needs a table
 	post := func(body string) (int, ReserveResponse) {
 		resp, err := http.Post(url+"/v1/reserve", "application/json", strings.NewReader(body))
 		if err != nil {
@@ -497,13 +497,17 @@ func TestReserveAndAdminViews(t *testing.T) {
 
 // A descriptor's limit override applies in a known domain even where the
 // policy has no limit, at the safe share (the coordinator does not know it).
+// The node runs at a 10 % floor, as in a cluster before its first table: a
+// standalone node's floor is the whole budget, where "at the safe share"
+// and "at the whole override" look the same.
 func TestRLSLimitOverride(t *testing.T) {
-	_, cl, _ := start(t)
+	node := regiontest.NodeWith(t, region.DefaultConfig("eu", "eu-1", "eu"), testPolicy, regiontest.RedisStore(t))
+	_, cl, _ := startOn(t, node, nil)
 	d := desc(nil, "colour", "red") // no policy limit
 	d.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 100, Unit: typev3.RateLimitUnit_SECOND}
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{d}}
 	ok := 0
-	for range 30 {
+	for i := range 30 {
 		resp, err := cl.ShouldRateLimit(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
@@ -514,11 +518,16 @@ func TestRLSLimitOverride(t *testing.T) {
 		if cl := resp.Statuses[0].CurrentLimit; cl.GetRequestsPerUnit() != 100 {
 			t.Fatalf("current_limit %v, want the override's 100/s", cl)
 		}
+		// One region, safe share 10 %: 10/s with a burst of 10, so the
+		// first call (the key starts full) leaves 9, however long the
+		// calls take.
+		if i == 0 && (resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 9) {
+			t.Errorf("first call: %v remaining %d, want OK with 9 (burst 10 at the safe share)", resp.OverallCode, resp.Statuses[0].LimitRemaining)
+		}
 	}
-	// One region, safe share 10 %: 10/s with a burst of 10 (and one more
-	// token if the calls took over 100 ms).
-	if ok < 10 || ok > 11 {
-		t.Errorf("admitted %d under the override at the safe share, want the burst of 10", ok)
+	// The burst is always there; refill only adds (a slow machine's).
+	if ok < 10 {
+		t.Errorf("admitted %d under the override at the safe share, want at least the burst of 10", ok)
 	}
 	bad := desc(nil, "colour", "red")
 	bad.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_SECOND}

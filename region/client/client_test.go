@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/meridian-quota/meridian/internal/regiontest"
-	"github.com/meridian-quota/meridian/region"
 	"github.com/meridian-quota/meridian/region/agent"
 	"github.com/meridian-quota/meridian/region/agent/api"
 	"github.com/meridian-quota/meridian/region/client"
@@ -24,12 +23,11 @@ domains:
         rate_limit: {unit: second, requests_per_unit: 5, burst: 2, name: tenant}
 `
 
-// agentURL runs an agent on real Redis whose table gives its region the
-// whole budget of tenant acme.
+// agentURL runs a standalone agent on real Redis: its one region holds
+// every budget whole.
 func agentURL(t *testing.T) string {
 	t.Helper()
 	node := regiontest.Node(t, policy, regiontest.RedisStore(t))
-	regiontest.GiveAll(t, node, region.KeyName("api", []region.Entry{{Key: "tenant", Value: "acme"}}))
 	cfg := agent.DefaultConfig()
 	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy = "eu", "eu-1", []string{"eu"}, "unused"
 	a, err := agent.New(cfg, node, nil)
