@@ -730,7 +730,7 @@ var metricsUnwatched = map[string]string{
 	"meridian_lease_takes_total":          "lease tuning (lease.units), not health; lease hits are on \"Served without Redis\"",
 	"meridian_lease_stranded_units_total": "lease tuning (lease.units), not health",
 	"meridian_bad_requests_total":         "not watched yet: a malformed request is refused with an error and consumes nothing",
-	"meridian_policy_reloads_total":       "not watched yet: a rejected reload keeps the policy in force and logs every error",
+	"meridian_policy_reloads_total":       "MeridianPolicyReloadFailing watches meridian_policy_reload_failing, which stays 1 while a reload is rejected",
 	"meridian_unauthenticated_total":      "not watched yet: a refused caller is answered Unauthenticated / 401 and consumes nothing",
 }
 
@@ -784,6 +784,10 @@ func TestMetricsAlertExpressions(t *testing.T) {
 		{"MeridianLeaseLapsed", `
   meridian_lease_lapsed{` + a("eu-1") + `} 0x60
   meridian_lease_lapsed{` + a("us-1") + `} 0x30 1x30`, []string{"instance"}, []string{"agent-us-1:8080"}},
+		{"MeridianPolicyReloadFailing", `
+  meridian_policy_reload_failing{` + a("eu-1") + `} 0x60
+  meridian_policy_reload_failing{` + a("us-1") + `} 0x10 1x50
+  meridian_policy_reload_failing{` + a("ap-1") + `} 0x50 1x10`, []string{"instance"}, []string{"agent-us-1:8080"}},
 		{"MeridianTableStale", `
   meridian_table_age_seconds{` + a("eu-1") + `} 3x60
   meridian_table_age_seconds{` + a("us-1") + `} 0+1x60
