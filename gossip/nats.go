@@ -20,12 +20,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meridian-quota/meridian/gossip/protocol"
 )
 
 // ErrFenced is returned (wrapped) by [Transport.StoreTable] when the table
 // head is no longer at the revision the caller named: another coordinator
 // wrote since, and nothing of this table became visible.
-var ErrFenced = errors.New("gossip: table head moved: another coordinator wrote")
+var ErrFenced = protocol.ErrFenced
 
 // ErrClosed is returned by the Transport's methods once [Transport.Close]
 // was called.

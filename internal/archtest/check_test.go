@@ -58,8 +58,8 @@ func TestCheck(t *testing.T) {
 			name: "sim never imports a network adapter",
 			give: goFile{path: "sim/s.go", pkg: "sim", imports: []string{m + "/gossip/wire", m + "/gossip", m + "/gcra/redisstore"}},
 			want: []string{
-				"sim/s.go imports " + m + "/gcra/redisstore: sim may import only stdlib, gcra, gcra/memstore, rebalance, region, gossip/wire, go.yaml.in/yaml/v3/..., gopkg.in/yaml.v3/..., github.com/goccy/go-yaml/..., sigs.k8s.io/yaml/...",
-				"sim/s.go imports " + m + "/gossip: sim may import only stdlib, gcra, gcra/memstore, rebalance, region, gossip/wire, go.yaml.in/yaml/v3/..., gopkg.in/yaml.v3/..., github.com/goccy/go-yaml/..., sigs.k8s.io/yaml/...",
+				"sim/s.go imports " + m + "/gcra/redisstore: sim may import only stdlib, gcra, gcra/memstore, rebalance, region, gossip/wire, gossip/protocol, gossip/memnet, go.yaml.in/yaml/v3/..., gopkg.in/yaml.v3/..., github.com/goccy/go-yaml/..., sigs.k8s.io/yaml/...",
+				"sim/s.go imports " + m + "/gossip: sim may import only stdlib, gcra, gcra/memstore, rebalance, region, gossip/wire, gossip/protocol, gossip/memnet, go.yaml.in/yaml/v3/..., gopkg.in/yaml.v3/..., github.com/goccy/go-yaml/..., sigs.k8s.io/yaml/...",
 			},
 		},
 		{
@@ -96,7 +96,7 @@ func TestCheck(t *testing.T) {
 		{
 			name: "a third party that merely shares a prefix",
 			give: goFile{path: "gossip/g.go", pkg: "gossip", imports: []string{"github.com/hashicorp/memberlist-fork", "github.com/hashicorp/memberlist"}},
-			want: []string{"gossip/g.go imports github.com/hashicorp/memberlist-fork: gossip may import only stdlib, gossip/wire, region, rebalance, gcra, github.com/hashicorp/memberlist, github.com/nats-io/nats.go/..., github.com/prometheus/..."},
+			want: []string{"gossip/g.go imports github.com/hashicorp/memberlist-fork: gossip may import only stdlib, gossip/protocol, gossip/wire, region, rebalance, gcra, github.com/hashicorp/memberlist, github.com/nats-io/nats.go/..., github.com/prometheus/..."},
 		},
 	}
 	for _, tt := range tests {
