@@ -440,8 +440,9 @@ func (l *Loop) readTable(ctx context.Context, r *protocol.TableReader, head []by
 	return t, err
 }
 
-// invalid counts and logs (at most once per reason and second) an inbound
-// message that failed validation; it is never applied.
+// invalid counts and logs an inbound message that failed validation,
+// under its protocol.Classify class; it is never applied. (Every refusal
+// is logged; nothing limits the rate.)
 func (l *Loop) invalid(kind string, err error) {
 	reason := protocol.Classify(err)
 	l.m.invalid.WithLabelValues(kind, reason).Inc()
