@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meridian-quota/meridian/gossip/protocol"
 	"github.com/meridian-quota/meridian/gossip/wire"
 	"github.com/meridian-quota/meridian/rebalance"
 	"github.com/meridian-quota/meridian/region"
@@ -156,7 +157,9 @@ type Loop struct {
 	m    *loopMetrics
 	now  func() int64 // µs, wall clock (leases are on the coordinator's clock)
 
-	out    chan outMsg // reports and acks to send
+	outMu  sync.Mutex
+	outbox *protocol.Outbox // reports and acks to send
+	outc   chan struct{}    // signalled (cap 1) while outbox holds something
 	flushc chan chan struct{}
 	tables chan *rebalance.Table
 
@@ -168,14 +171,8 @@ type Loop struct {
 
 	storeClock func(ctx context.Context) (int64, error) // stamps reports and acks
 
-	// The newest table handed to the agent (watchTables only).
-	lastTerm, lastEpoch uint64
-}
-
-type outMsg struct {
-	rep      *rebalance.Report
-	ack      bool
-	term, ep uint64
+	// Which tables reach the agent (watchTables only).
+	follower protocol.Follower
 }
 
 // NewLoop makes a loop on a dialled transport. mem may be nil (no
@@ -199,7 +196,8 @@ func NewLoop(cfg LoopConfig, tr *Transport, mem *Members, node *region.Node, reg
 	return &Loop{
 		cfg: cfg, tr: tr, mem: mem, node: node, log: log, m: m,
 		now:    func() int64 { return time.Now().UnixMicro() },
-		out:    make(chan outMsg, cfg.Queue),
+		outbox: protocol.NewOutbox(cfg.Queue),
+		outc:   make(chan struct{}, 1),
 		flushc: make(chan chan struct{}),
 		tables: make(chan *rebalance.Table, 4),
 		skew:   map[string]float64{},
@@ -217,30 +215,47 @@ func (l *Loop) SetStoreClock(f func(ctx context.Context) (int64, error)) { l.sto
 
 // Report queues one closed interval's report for the coordinator.
 func (l *Loop) Report(rep *rebalance.Report) {
-	l.enqueue(outMsg{rep: rep})
+	l.enqueue(protocol.KindReport, func(b *protocol.Outbox) bool { return b.Report(rep) })
 }
 
-// InForce queues an acknowledgement of the table in force.
+// InForce queues an acknowledgement of the table in force (none for 0, 0).
 func (l *Loop) InForce(term, epoch uint64) {
-	if term == 0 && epoch == 0 {
-		return
-	}
-	l.enqueue(outMsg{ack: true, term: term, ep: epoch})
+	l.enqueue(protocol.KindAck, func(b *protocol.Outbox) bool { return b.Ack(term, epoch) })
 }
 
-func (l *Loop) enqueue(o outMsg) {
+// enqueue offers a message to the outbox with push, counting it dropped
+// when the outbox is full, and wakes send.
+func (l *Loop) enqueue(kind string, push func(*protocol.Outbox) bool) {
+	l.outMu.Lock()
+	ok := push(l.outbox)
+	queued := l.outbox.Len() > 0
+	l.outMu.Unlock()
+	if !ok {
+		l.m.dropped.WithLabelValues(kind).Inc()
+	}
+	if queued {
+		l.wakeSend()
+	}
+}
+
+func (l *Loop) wakeSend() {
 	select {
-	case l.out <- o:
+	case l.outc <- struct{}{}:
 	default:
-		l.m.dropped.WithLabelValues(kindOf(o)).Inc()
 	}
 }
 
-func kindOf(o outMsg) string {
-	if o.ack {
-		return "ack"
+// nextOut takes the oldest queued message, re-signalling send while more
+// wait (one message per turn of its loop, as when the queue was a channel).
+func (l *Loop) nextOut() (protocol.Out, bool) {
+	l.outMu.Lock()
+	o, ok := l.outbox.Next()
+	more := l.outbox.Len() > 0
+	l.outMu.Unlock()
+	if more {
+		l.wakeSend()
 	}
-	return "report"
+	return o, ok
 }
 
 // Tables delivers verified tables, newest last.
@@ -248,15 +263,13 @@ func (l *Loop) Tables() <-chan *rebalance.Table { return l.tables }
 
 // Applied counts what the node made of a table.
 func (l *Loop) Applied(t *rebalance.Table, err error) {
-	switch {
-	case err == nil:
-		l.m.tables.WithLabelValues("applied").Inc()
+	outcome := protocol.Outcome(err)
+	l.m.tables.WithLabelValues(outcome).Inc()
+	switch outcome {
+	case protocol.TableApplied:
 		l.m.tableTerm.Set(float64(t.Term))
 		l.m.tableEpoch.Set(float64(t.Epoch))
-	case errors.Is(err, region.ErrStaleTable):
-		l.m.tables.WithLabelValues("stale").Inc()
-	default:
-		l.m.tables.WithLabelValues("refused").Inc()
+	case protocol.TableRefused:
 		l.log.Warn("table refused by the node", "term", t.Term, "epoch", t.Epoch, "err", err)
 	}
 }
@@ -337,41 +350,40 @@ func (l *Loop) send(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case o := <-l.out:
-			l.publish(ctx, o)
+		case <-l.outc:
+			if o, ok := l.nextOut(); ok {
+				l.publish(ctx, o)
+			}
 		case done := <-l.flushc:
-			for len(l.out) > 0 {
-				l.publish(ctx, <-l.out)
+			for o, ok := l.nextOut(); ok; o, ok = l.nextOut() {
+				l.publish(ctx, o)
 			}
 			close(done)
 		}
 	}
 }
 
-func (l *Loop) publish(ctx context.Context, o outMsg) {
+func (l *Loop) publish(ctx context.Context, o protocol.Out) {
 	// Stamped with the region store's clock as it goes out: the
 	// coordinator compares it with its own to estimate the region's skew.
 	sent, err := l.storeClock(ctx)
 	if err != nil {
 		sent = 0 // unknown: the coordinator skips the estimate
 	}
-	if o.ack {
-		b, err := wire.EncodeAck(l.cfg.Cluster, wire.Ack{Region: l.cfg.Region, Agent: l.cfg.Agent, Term: o.term, Epoch: o.ep, Sent: sent})
-		if err == nil {
-			err = l.tr.PublishAck(l.cfg.Region, l.cfg.Agent, b)
-		}
-		l.count("ack", "out", err, 1, len(b))
-		return
-	}
-	msgs, err := wire.EncodeReport(l.cfg.Cluster, o.rep, sent, l.cfg.MaxMessage)
+	kind := o.Kind()
+	msgs, err := o.Encode(l.cfg.Cluster, l.cfg.Region, l.cfg.Agent, sent, l.cfg.MaxMessage)
 	if err == nil {
-		err = l.tr.PublishReport(l.cfg.Region, l.cfg.Agent, msgs)
+		if kind == protocol.KindAck {
+			err = l.tr.PublishAck(l.cfg.Region, l.cfg.Agent, msgs[0])
+		} else {
+			err = l.tr.PublishReport(l.cfg.Region, l.cfg.Agent, msgs)
+		}
 	}
 	n := 0
 	for _, m := range msgs {
 		n += len(m)
 	}
-	l.count("report", "out", err, len(msgs), n)
+	l.count(kind, "out", err, len(msgs), n)
 }
 
 func (l *Loop) count(kind, dir string, err error, msgs, bytes int) {
@@ -387,20 +399,19 @@ func (l *Loop) count(kind, dir string, err error, msgs, bytes int) {
 // watchTables follows the table head in the KV bucket and hands every
 // newer, verified table to the agent.
 func (l *Loop) watchTables(ctx context.Context) error {
-	asm := wire.NewAssembler(l.cfg.Limits, 2)
+	r := l.tableReader()
 	return l.tr.WatchTables(ctx, func(head []byte, rev uint64) {
-		t, err := l.readTable(ctx, asm, head)
+		t, err := l.readTable(ctx, r, head)
 		if err != nil {
 			if ctx.Err() == nil {
 				l.invalid("table", err)
 			}
 			return
 		}
-		if !t.Newer(l.lastTerm, l.lastEpoch) {
-			l.m.tables.WithLabelValues("stale").Inc()
+		if ok, reason := l.follower.Offer(t); !ok {
+			l.m.tables.WithLabelValues(reason).Inc()
 			return
 		}
-		l.lastTerm, l.lastEpoch = t.Term, t.Epoch
 		l.mu.Lock()
 		l.issued = t.Issued
 		l.mu.Unlock()
@@ -411,54 +422,29 @@ func (l *Loop) watchTables(ctx context.Context) error {
 	})
 }
 
-// readTable decodes and verifies a head and fetches the rest of its table.
-func (l *Loop) readTable(ctx context.Context, asm *wire.Assembler, head []byte) (*rebalance.Table, error) {
-	m, err := wire.Decode(l.cfg.Cluster, head, l.cfg.Limits, l.cfg.VerifyKeys)
-	if err != nil {
-		return nil, err
-	}
-	if m.Kind != wire.KindTable || m.Table.Index != 0 {
-		return nil, fmt.Errorf("%w: the table head is not a table's first chunk", wire.ErrInvalid)
-	}
-	l.m.msgs.WithLabelValues("table", "in").Inc()
-	l.m.bytes.WithLabelValues("table", "in").Add(float64(len(head)))
-	t, done, err := asm.AddTable(m.Table)
-	if err != nil || done {
-		return t, err
-	}
-	rest, err := l.tr.FetchChunks(ctx, m.Table.Term, m.Table.Epoch, m.Table.Count)
-	if err != nil {
-		return nil, fmt.Errorf("fetch table term %d epoch %d: %w", m.Table.Term, m.Table.Epoch, err)
-	}
-	for _, b := range rest {
-		c, err := wire.Decode(l.cfg.Cluster, b, l.cfg.Limits, l.cfg.VerifyKeys)
-		if err != nil {
-			return nil, err
-		}
-		if c.Kind != wire.KindTable || c.Table.Term != m.Table.Term || c.Table.Epoch != m.Table.Epoch {
-			return nil, fmt.Errorf("%w: chunk of another table under term %d epoch %d", wire.ErrInvalid, m.Table.Term, m.Table.Epoch)
-		}
-		l.m.msgs.WithLabelValues("table", "in").Inc()
-		l.m.bytes.WithLabelValues("table", "in").Add(float64(len(b)))
-		if t, done, err = asm.AddTable(c.Table); err != nil || done {
-			return t, err
-		}
-	}
-	return nil, fmt.Errorf("%w: table term %d epoch %d incomplete after %d chunks", wire.ErrInvalid, m.Table.Term, m.Table.Epoch, m.Table.Count)
+// tableReader returns a reader of this cluster's tables, trusting the
+// verify keys. Reading the stored head as a term starts takes a fresh one.
+func (l *Loop) tableReader() *protocol.TableReader {
+	return protocol.NewTableReader(l.cfg.Cluster, l.cfg.Limits, l.cfg.VerifyKeys)
 }
 
-// invalid counts and logs (at most once per reason and second) an inbound
-// message that failed validation; it is never applied.
-func (l *Loop) invalid(kind string, err error) {
-	reason := "malformed"
-	switch {
-	case errors.Is(err, wire.ErrSignature):
-		reason = "signature"
-	case errors.Is(err, wire.ErrCluster):
-		reason = "cluster"
-	case !errors.Is(err, wire.ErrInvalid):
-		reason = "unavailable"
+// readTable decodes and verifies a head with r and fetches the rest of
+// its table, counting the verified chunks read.
+func (l *Loop) readTable(ctx context.Context, r *protocol.TableReader, head []byte) (*rebalance.Table, error) {
+	msgs, bytes := r.Accepted()
+	t, err := protocol.ReadTable(ctx, l.tr, r, head)
+	if m, b := r.Accepted(); m > msgs {
+		l.m.msgs.WithLabelValues("table", "in").Add(float64(m - msgs))
+		l.m.bytes.WithLabelValues("table", "in").Add(float64(b - bytes))
 	}
+	return t, err
+}
+
+// invalid counts and logs an inbound message that failed validation,
+// under its protocol.Classify class; it is never applied. (Every refusal
+// is logged; nothing limits the rate.)
+func (l *Loop) invalid(kind string, err error) {
+	reason := protocol.Classify(err)
 	l.m.invalid.WithLabelValues(kind, reason).Inc()
 	l.log.Warn("inbound message refused", "kind", kind, "reason", reason, "err", err)
 }
@@ -680,7 +666,7 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 	}
 	var latest *rebalance.Table
 	if ok {
-		if latest, err = l.readTable(ctx, wire.NewAssembler(l.cfg.Limits, 1), head); err != nil {
+		if latest, err = l.readTable(ctx, l.tableReader(), head); err != nil {
 			// A head nobody can verify is no table: start from the floors.
 			l.invalid("table", err)
 			latest = nil

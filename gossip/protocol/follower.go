@@ -1,0 +1,301 @@
+package protocol
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+
+	"github.com/meridian-quota/meridian/gossip/wire"
+	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/region"
+)
+
+// The agent side of the protocol: reading a stored table from its head
+// and chunks, choosing which verified tables reach the agent, classifying
+// what is refused, and queueing what the agent sends. Nothing here
+// fetches, publishes or reads a clock; the shell (gossip.Loop, or the
+// simulator) does the I/O and feeds the results in.
+
+// TableReader reads tables from their head (chunk 0, the value under the
+// store's head key) and the chunks stored beside it: it decodes each
+// message against the cluster and the trusted coordinator keys and joins
+// the chunks with a wire.Assembler. It does no I/O: Head says which chunks
+// to fetch and Chunks takes them once fetched (ReadTable does both through
+// a ChunkFetcher).
+//
+// A reader keeps the partial tables of up to two heads whose chunks never
+// all arrived (a fetch that failed), the older dropped first; reading the
+// same head again then meets its own chunk 0 and is refused as a duplicate
+// until that partial is dropped. A fresh reader per read (the coordinator
+// reading the stored head as its term starts) keeps nothing between reads.
+//
+// A TableReader is not safe for concurrent use.
+type TableReader struct {
+	cluster string
+	limits  wire.Limits
+	keys    []ed25519.PublicKey
+	asm     *wire.Assembler
+	msgs    int64
+	bytes   int64
+}
+
+// ChunkRequest names the chunks a head needs before its table is whole:
+// chunks 1 … Count-1 of table (Term, Epoch), as TableStore.FetchChunks
+// takes them.
+type ChunkRequest struct {
+	Term, Epoch uint64
+	Count       int
+}
+
+// NewTableReader returns a reader of cluster's tables bounded by limits,
+// accepting those signed by one of keys (none: every table is refused
+// with wire.ErrSignature).
+func NewTableReader(cluster string, limits wire.Limits, keys []ed25519.PublicKey) *TableReader {
+	return &TableReader{cluster: cluster, limits: limits, keys: keys, asm: wire.NewAssembler(limits, 2)}
+}
+
+// Head decodes and verifies head, which must be the first chunk of a
+// table. It returns the table when head is all of it; otherwise need names
+// the chunks to fetch and hand to Chunks. An error (every one wraps
+// wire.ErrInvalid; Classify names its class) means head is no table this
+// cluster trusts, or contradicts what the reader holds.
+func (r *TableReader) Head(head []byte) (t *rebalance.Table, need *ChunkRequest, err error) {
+	m, err := wire.Decode(r.cluster, head, r.limits, r.keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	if m.Kind != wire.KindTable || m.Table.Index != 0 {
+		return nil, nil, fmt.Errorf("%w: the table head is not a table's first chunk", wire.ErrInvalid)
+	}
+	r.accept(head)
+	t, done, err := r.asm.AddTable(m.Table)
+	if err != nil || done {
+		return t, nil, err
+	}
+	return nil, &ChunkRequest{Term: m.Table.Term, Epoch: m.Table.Epoch, Count: m.Table.Count}, nil
+}
+
+// Chunks adds the chunks fetched for req (chunks 1 … req.Count-1, in any
+// order) and returns the whole table. It stops at the first chunk refused:
+// one that does not decode or verify, or that belongs to another table
+// than req's; and fails when the chunks given leave the table incomplete.
+// Every error wraps wire.ErrInvalid.
+func (r *TableReader) Chunks(req *ChunkRequest, chunks [][]byte) (*rebalance.Table, error) {
+	if req == nil {
+		return nil, fmt.Errorf("%w: chunks without a head", wire.ErrInvalid)
+	}
+	for _, b := range chunks {
+		c, err := wire.Decode(r.cluster, b, r.limits, r.keys)
+		if err != nil {
+			return nil, err
+		}
+		if c.Kind != wire.KindTable || c.Table.Term != req.Term || c.Table.Epoch != req.Epoch {
+			return nil, fmt.Errorf("%w: chunk of another table under term %d epoch %d", wire.ErrInvalid, req.Term, req.Epoch)
+		}
+		r.accept(b)
+		t, done, err := r.asm.AddTable(c.Table)
+		if err != nil || done {
+			return t, err
+		}
+	}
+	return nil, fmt.Errorf("%w: table term %d epoch %d incomplete after %d chunks", wire.ErrInvalid, req.Term, req.Epoch, req.Count)
+}
+
+func (r *TableReader) accept(b []byte) {
+	r.msgs++
+	r.bytes += int64(len(b))
+}
+
+// Accepted returns how many messages (and their bytes) the reader has
+// taken in as verified chunks of the table they were read for — counted
+// before assembling them, which may still refuse them. The shell's
+// inbound table traffic, and the simulator's control cost.
+func (r *TableReader) Accepted() (msgs, bytes int64) { return r.msgs, r.bytes }
+
+// ChunkFetcher is what ReadTable needs of the store (TableStore has it).
+type ChunkFetcher interface {
+	FetchChunks(ctx context.Context, term, epoch uint64, count int) ([][]byte, error)
+}
+
+// ReadTable reads one table from head with r, fetching its other chunks
+// from store when it has any. A failed fetch is returned wrapped but not as
+// wire.ErrInvalid (Classify: "unavailable"); every other error is r's.
+func ReadTable(ctx context.Context, store ChunkFetcher, r *TableReader, head []byte) (*rebalance.Table, error) {
+	t, need, err := r.Head(head)
+	if err != nil || need == nil {
+		return t, err
+	}
+	rest, err := store.FetchChunks(ctx, need.Term, need.Epoch, need.Count)
+	if err != nil {
+		return nil, fmt.Errorf("fetch table term %d epoch %d: %w", need.Term, need.Epoch, err)
+	}
+	return r.Chunks(need, rest)
+}
+
+// Refusal classes: the reason label of a refused inbound message.
+const (
+	RefusedSignature   = "signature"   // a table no trusted key signed
+	RefusedCluster     = "cluster"     // a message of another cluster
+	RefusedMalformed   = "malformed"   // anything else the codec or the protocol refuses
+	RefusedUnavailable = "unavailable" // not the message's fault: the store or the bus failed
+)
+
+// Classify maps why an inbound message was refused to its class: the
+// wire's signature and cluster errors, any other wire.ErrInvalid as
+// malformed, and an error that is no verdict on the message (a failed
+// fetch) as unavailable. Classify(nil) is "".
+func Classify(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, wire.ErrSignature):
+		return RefusedSignature
+	case errors.Is(err, wire.ErrCluster):
+		return RefusedCluster
+	case !errors.Is(err, wire.ErrInvalid):
+		return RefusedUnavailable
+	}
+	return RefusedMalformed
+}
+
+// Table outcomes: the result label of a table the agent was offered or
+// applied.
+const (
+	TableApplied = "applied" // the node applied it
+	TableStale   = "stale"   // not newer than the last one delivered, or than the one in force
+	TableRefused = "refused" // the node refused it (region.ErrBadTable and the like)
+)
+
+// Follower decides which verified tables reach the agent: each strictly
+// newer by (term, epoch) than the last one delivered (rebalance.Table.Newer),
+// so the agent sees a strictly increasing sequence whatever order, repeats
+// or replays the store and the watch produce — a table of a newer term wins
+// whatever its epoch. The zero value has delivered nothing and takes any
+// table but (0, 0).
+//
+// A Follower is not safe for concurrent use.
+type Follower struct {
+	term, epoch uint64
+}
+
+// Offer reports whether t goes to the agent (deliver), and records it as
+// the last delivered if so; otherwise reason is TableStale.
+func (f *Follower) Offer(t *rebalance.Table) (deliver bool, reason string) {
+	if t == nil || !t.Newer(f.term, f.epoch) {
+		return false, TableStale
+	}
+	f.term, f.epoch = t.Term, t.Epoch
+	return true, ""
+}
+
+// Last returns the (term, epoch) of the last table delivered (0, 0 for
+// none).
+func (f *Follower) Last() (term, epoch uint64) { return f.term, f.epoch }
+
+// Outcome classifies what the node made of a delivered table (the error
+// region.Node.Apply returned): nil is TableApplied, region.ErrStaleTable
+// TableStale, any other error TableRefused.
+func Outcome(err error) string {
+	switch {
+	case err == nil:
+		return TableApplied
+	case errors.Is(err, region.ErrStaleTable):
+		return TableStale
+	}
+	return TableRefused
+}
+
+// Out is one message the agent sends the coordinator: a demand report, or
+// (Report nil) an acknowledgement that table (Term, Epoch) is in force.
+type Out struct {
+	Report      *rebalance.Report
+	Term, Epoch uint64
+}
+
+// Out kinds, as metrics label them.
+const (
+	KindReport = "report"
+	KindAck    = "ack"
+)
+
+// Kind is KindReport or KindAck.
+func (o Out) Kind() string {
+	if o.Report != nil {
+		return KindReport
+	}
+	return KindAck
+}
+
+// Encode encodes o as sent by region/agent of cluster, stamped sent (µs on
+// the region store's clock, 0 for unknown): a report in chunks of at most
+// maxMessage bytes, an acknowledgement as one message.
+func (o Out) Encode(cluster, regionName, agent string, sent int64, maxMessage int) ([][]byte, error) {
+	if o.Report != nil {
+		return wire.EncodeReport(cluster, o.Report, sent, maxMessage)
+	}
+	b, err := wire.EncodeAck(cluster, wire.Ack{Region: regionName, Agent: agent, Term: o.Term, Epoch: o.Epoch, Sent: sent})
+	if err != nil {
+		return nil, err
+	}
+	return [][]byte{b}, nil
+}
+
+// Outbox is the agent's bounded queue of what it sends, oldest first: the
+// node's reports as it closes intervals, and acknowledgements of the table
+// in force as it changes. When full, what is offered is dropped (the
+// caller counts it) and not retried: an old report is stale anyway, and
+// the coordinator still learns the table in force from the agent's next
+// report, which names it. The zero value holds nothing
+// and drops everything; use NewOutbox.
+//
+// An Outbox is not safe for concurrent use.
+type Outbox struct {
+	ring    []Out // capacity slots, allocated on first push
+	max     int
+	head, n int
+}
+
+// NewOutbox returns an empty outbox holding up to capacity messages (at
+// least 1).
+func NewOutbox(capacity int) *Outbox { return &Outbox{max: max(capacity, 1)} }
+
+// Report queues rep; false when the outbox is full and rep was dropped.
+func (b *Outbox) Report(rep *rebalance.Report) bool { return b.push(Out{Report: rep}) }
+
+// Ack queues an acknowledgement of (term, epoch) in force; false when the
+// outbox is full and it was dropped. (0, 0) — no table in force — is never
+// acknowledged: Ack ignores it and returns true.
+func (b *Outbox) Ack(term, epoch uint64) bool {
+	if term == 0 && epoch == 0 {
+		return true
+	}
+	return b.push(Out{Term: term, Epoch: epoch})
+}
+
+func (b *Outbox) push(o Out) bool {
+	if b.n >= b.max {
+		return false
+	}
+	if b.ring == nil {
+		b.ring = make([]Out, b.max)
+	}
+	b.ring[(b.head+b.n)%b.max] = o
+	b.n++
+	return true
+}
+
+// Next removes and returns the oldest queued message; ok false when empty.
+func (b *Outbox) Next() (o Out, ok bool) {
+	if b.n == 0 {
+		return Out{}, false
+	}
+	o = b.ring[b.head]
+	b.ring[b.head] = Out{} // the report is the shell's once sent
+	b.head = (b.head + 1) % b.max
+	b.n--
+	return o, true
+}
+
+// Len returns how many messages are queued.
+func (b *Outbox) Len() int { return b.n }
