@@ -113,13 +113,22 @@ type storeHealthy interface {
 var gcraInputErrors = []error{gcra.ErrInvalidLimit, gcra.ErrKeyTooLong, gcra.ErrEmptyKey, gcra.ErrNegativeCost,
 	gcra.ErrNegativeWait, gcra.ErrWaitTooLong, gcra.ErrNoChecks, gcra.ErrTooManyChecks, gcra.ErrBadTime}
 
+// errNoAnswer is a call's outcome until the store returns: if the store
+// panics, the call says nothing about the store's health (it was a
+// success, closing an open breaker, before).
+var errNoAnswer = errors.New("agent: the store call did not return")
+
 // notFailure reports whether a call's error says nothing about the store's
-// health: its caller gave up (the context), the store refused the input,
-// or it answered about one key's data (a malformed state is that key's
-// problem; opening the breaker for it would fail every other key and
-// domain). Such errors still go to the limits' failure modes.
+// health: its caller gave up (the context), the store call panicked
+// (errNoAnswer), the store refused the input, or it answered about one
+// key's data (a malformed state is that key's problem; opening the
+// breaker for it would fail every other key and domain). Such errors
+// still go to the limits' failure modes.
 func notFailure(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
+		return true
+	}
+	if err == errNoAnswer {
 		return true
 	}
 	if h, ok := errors.AsType[storeHealthy](err); ok && h.StoreHealthy() {
@@ -177,7 +186,7 @@ func (b *Breaker) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra
 	if span.IsRecording() { // unsampled decisions build no attributes
 		span.SetAttributes(attribute.Int("meridian.checks", len(checks)))
 	}
-	var err error
+	err := errNoAnswer
 	defer func() { b.done(ctx, probe, err) }() // even if the store panics
 	start := time.Now()
 	r, err := b.store.DecideAll(sctx, checks, out)
@@ -200,7 +209,7 @@ func (b *Breaker) Reserve(ctx context.Context, k gcra.Key, s gcra.Schedule, cost
 	if !ok {
 		return gcra.Result{}, ErrBreakerOpen
 	}
-	var err error
+	err := errNoAnswer
 	defer func() { b.done(ctx, probe, err) }()
 	r, err := rs.Reserve(ctx, k, s, cost, maxWait)
 	return r, err

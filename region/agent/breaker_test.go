@@ -151,3 +151,48 @@ func TestBreakerCallsInFlight(t *testing.T) {
 		}
 	})
 }
+
+// storeFunc is a region.Store answering every DecideAll with f.
+type storeFunc func() (gcra.Result, error)
+
+func (f storeFunc) DecideAll(context.Context, []gcra.Check, []gcra.Result) (gcra.Result, error) {
+	return f()
+}
+
+// A store call that panics says nothing about the store's health. It was
+// counted as a success: a probe that panicked closed the breaker, and a
+// panic broke a run of failures. Fails on 4f80dd1.
+func TestBreakerStorePanic(t *testing.T) {
+	var panics atomic.Bool
+	b, err := NewBreaker(BreakerConfig{Failures: 1, Cooldown: Duration(time.Hour)}, storeFunc(func() (gcra.Result, error) {
+		if panics.Load() {
+			panic("store bug")
+		}
+		return gcra.Result{}, errDown
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock atomic.Int64
+	b.now = clock.Load
+	call := func() (err error, panicked bool) {
+		defer func() { panicked = recover() != nil }()
+		_, err = b.DecideAll(context.Background(), nil, nil)
+		return err, false
+	}
+	if err, _ := call(); !errors.Is(err, errDown) || !b.Open() {
+		t.Fatalf("first call: %v, open %v; want errDown and open", err, b.Open())
+	}
+	clock.Store(int64(time.Hour / time.Microsecond))
+	panics.Store(true)
+	if _, panicked := call(); !panicked {
+		t.Fatal("the probe did not reach the store")
+	}
+	if !b.Open() {
+		t.Error("a probe that panicked closed the breaker")
+	}
+	panics.Store(false)
+	if err, _ := call(); !errors.Is(err, errDown) {
+		t.Errorf("after the panicking probe: %v, want the next call to probe at once", err)
+	}
+}
