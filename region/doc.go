@@ -220,6 +220,22 @@
 // second store call after the enforced ones; a denial is counted
 // (Stats.ShadowDenied) and never changes the answer.
 //
+// # Breaker
+//
+// A store that is down is not waited on call after call: BreakerPolicy is
+// the circuit breaker's rule, fed each call's outcome and the instant (µs).
+// Failures store failures in a row open it; open, it refuses every call
+// (the failure modes decide at once) for Cooldown, then lets one call
+// probe: success closes it, failure reopens it for another Cooldown. Only
+// the store failing counts (BreakerFailed); a call whose caller gave up,
+// or whose input the store refused, is BreakerIgnored. While open only the
+// probe's outcome counts, and a probe unreported for a Cooldown is given
+// up on, so the next call probes. The rule is here, not in region/agent
+// (which wraps the store in a Breaker holding the lock, the monotonic
+// clock, metrics and the classification of errors), so that the simulator,
+// which imports region and never region/agent, can run the same breaker on
+// its virtual clock.
+//
 // # Bounds
 //
 // A request has a non-empty domain of at most MaxDomainLen bytes, 1 to

@@ -31,19 +31,16 @@ var ErrBreakerOpen = errors.New("agent: circuit breaker open: the store is faili
 
 // Breaker is a region.Store in front of another: after Failures errors in
 // a row it opens and fails every call at once for Cooldown, then lets one
-// call through (half-open): success closes it, failure opens it again. Safe
-// for concurrent use.
+// call through (half-open): success closes it, failure opens it again. The
+// rule is region.BreakerPolicy's; Breaker is its shell — the lock, the
+// clock, metrics, spans, and which errors are the store failing. Safe for
+// concurrent use.
 type Breaker struct {
-	store    region.Store
-	failures int
-	cooldown time.Duration
-	now      func() time.Time
+	store region.Store
+	now   func() int64 // µs on a clock that does not go back
 
-	mu       sync.Mutex
-	fails    int
-	open     bool
-	openedAt time.Time
-	probing  bool
+	mu     sync.Mutex
+	policy *region.BreakerPolicy
 
 	tracer  trace.Tracer
 	state   prometheus.Gauge
@@ -57,7 +54,12 @@ func NewBreaker(cfg BreakerConfig, store region.Store) (*Breaker, error) {
 	if cfg.Failures < 1 || cfg.Cooldown <= 0 {
 		return nil, fmt.Errorf("%w: breaker: failures %d must be ≥ 1 and cooldown %s positive", ErrConfig, cfg.Failures, cfg.Cooldown.D())
 	}
-	return &Breaker{store: store, failures: cfg.Failures, cooldown: cfg.Cooldown.D(), now: time.Now,
+	policy, err := region.NewBreakerPolicy(cfg.Failures, cfg.Cooldown.D())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	start := time.Now() // the monotonic clock: a wall-clock step neither stretches nor cuts a cooldown
+	return &Breaker{store: store, policy: policy, now: func() int64 { return time.Since(start).Microseconds() },
 		tracer: noop.NewTracerProvider().Tracer("meridian/store"),
 		state: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_breaker_open",
 			Help: "1 while the circuit breaker in front of Redis is open (failure modes decide)."}),
@@ -83,22 +85,19 @@ func (b *Breaker) Collectors() []prometheus.Collector {
 func (b *Breaker) Open() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.open
+	return b.policy.Open()
 }
 
-// allow reports whether a call may go to the store now.
-func (b *Breaker) allow() bool {
+// allow reports whether a call may go to the store now, and whether it is
+// the probe.
+func (b *Breaker) allow() (ok, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.open {
-		return true
-	}
-	if b.probing || b.now().Sub(b.openedAt) < b.cooldown {
+	ok, probe = b.policy.Allow(b.now())
+	if !ok {
 		b.shorts.Inc()
-		return false
 	}
-	b.probing = true // half-open: this call probes
-	return true
+	return ok, probe
 }
 
 // storeHealthy is implemented by store errors that are about the call or
@@ -114,13 +113,22 @@ type storeHealthy interface {
 var gcraInputErrors = []error{gcra.ErrInvalidLimit, gcra.ErrKeyTooLong, gcra.ErrEmptyKey, gcra.ErrNegativeCost,
 	gcra.ErrNegativeWait, gcra.ErrWaitTooLong, gcra.ErrNoChecks, gcra.ErrTooManyChecks, gcra.ErrBadTime}
 
+// errNoAnswer is a call's outcome until the store returns: if the store
+// panics, the call says nothing about the store's health (it was a
+// success, closing an open breaker, before).
+var errNoAnswer = errors.New("agent: the store call did not return")
+
 // notFailure reports whether a call's error says nothing about the store's
-// health: its caller gave up (the context), the store refused the input,
-// or it answered about one key's data (a malformed state is that key's
-// problem; opening the breaker for it would fail every other key and
-// domain). Such errors still go to the limits' failure modes.
+// health: its caller gave up (the context), the store call panicked
+// (errNoAnswer), the store refused the input, or it answered about one
+// key's data (a malformed state is that key's problem; opening the
+// breaker for it would fail every other key and domain). Such errors
+// still go to the limits' failure modes.
 func notFailure(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
+		return true
+	}
+	if err == errNoAnswer {
 		return true
 	}
 	if h, ok := errors.AsType[storeHealthy](err); ok && h.StoreHealthy() {
@@ -134,30 +142,31 @@ func notFailure(ctx context.Context, err error) bool {
 	return false
 }
 
-// done records a call's outcome. An error that says nothing about the
-// store's health (notFailure) neither opens nor closes the breaker.
-func (b *Breaker) done(ctx context.Context, err error) {
+// outcome classifies a call's error for the policy: an error that says
+// nothing about the store's health (notFailure) neither opens nor closes
+// the breaker.
+func outcome(ctx context.Context, err error) region.BreakerOutcome {
+	switch {
+	case err == nil:
+		return region.BreakerSucceeded
+	case notFailure(ctx, err):
+		return region.BreakerIgnored
+	}
+	return region.BreakerFailed
+}
+
+// done records the outcome of a call allow let through.
+func (b *Breaker) done(ctx context.Context, probe bool, err error) {
+	o := outcome(ctx, err)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err != nil && notFailure(ctx, err) {
-		b.probing = false
-		return
-	}
-	if err == nil {
-		b.fails, b.probing = 0, false
-		if b.open {
-			b.open = false
-			b.state.Set(0)
-		}
-		return
-	}
-	b.fails++
-	if b.probing || (!b.open && b.fails >= b.failures) {
-		if !b.open {
-			b.opens.Inc()
-		}
-		b.open, b.probing, b.openedAt = true, false, b.now()
+	opened, closed := b.policy.Done(b.now(), probe, o)
+	switch {
+	case opened:
+		b.opens.Inc()
 		b.state.Set(1)
+	case closed:
+		b.state.Set(0)
 	}
 }
 
@@ -169,15 +178,16 @@ var (
 
 // DecideAll implements region.Store.
 func (b *Breaker) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra.Result) (gcra.Result, error) {
-	if !b.allow() {
+	ok, probe := b.allow()
+	if !ok {
 		return gcra.Result{}, ErrBreakerOpen
 	}
 	sctx, span := b.tracer.Start(ctx, "meridian.store.DecideAll", clientSpan)
 	if span.IsRecording() { // unsampled decisions build no attributes
 		span.SetAttributes(attribute.Int("meridian.checks", len(checks)))
 	}
-	var err error
-	defer func() { b.done(ctx, err) }() // even if the store panics
+	err := errNoAnswer
+	defer func() { b.done(ctx, probe, err) }() // even if the store panics
 	start := time.Now()
 	r, err := b.store.DecideAll(sctx, checks, out)
 	b.latency.Observe(time.Since(start).Seconds())
@@ -195,11 +205,12 @@ func (b *Breaker) Reserve(ctx context.Context, k gcra.Key, s gcra.Schedule, cost
 	if !ok {
 		return gcra.Result{}, region.ErrNoReserve
 	}
-	if !b.allow() {
+	ok, probe := b.allow()
+	if !ok {
 		return gcra.Result{}, ErrBreakerOpen
 	}
-	var err error
-	defer func() { b.done(ctx, err) }()
+	err := errNoAnswer
+	defer func() { b.done(ctx, probe, err) }()
 	r, err := rs.Reserve(ctx, k, s, cost, maxWait)
 	return r, err
 }
