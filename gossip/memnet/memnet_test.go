@@ -492,7 +492,7 @@ func TestOutage(t *testing.T) {
 	clk.Advance(0)
 	n.KVOutage(10 * time.Second)
 	for name, err := range map[string]error{
-		"StoreTable": func() error { _, err := w.StoreTable(ctx, rev, 1, 2, [][]byte{[]byte("h2"), []byte("c")}); return err }(),
+		"StoreTable":  func() error { _, err := w.StoreTable(ctx, rev, 1, 2, [][]byte{[]byte("h2"), []byte("c")}); return err }(),
 		"LatestTable": func() error { _, _, _, err := r.LatestTable(ctx); return err }(),
 		"FetchChunks": func() error { _, err := r.FetchChunks(ctx, 1, 1, 2); return err }(),
 		"Create":      func() error { _, err := r.Create(ctx, "x", nil); return err }(),
