@@ -310,8 +310,12 @@ func (a *Agent) LatestTable(ctx context.Context) (head []byte, rev uint64, ok bo
 	return head, rev, true, nil
 }
 
+// errNoChunk is FetchChunks's error for a chunk that is not there.
+var errNoChunk = errors.New("no such chunk: purged, or never written")
+
 // FetchChunks returns chunks 1 … count-1 of table (term, epoch); a missing
-// chunk (purged two tables later) is an error wrapping ErrNotFound.
+// chunk (purged two tables later) is an error — a plain one, as on NATS:
+// read the head again.
 func (a *Agent) FetchChunks(ctx context.Context, term, epoch uint64, count int) ([][]byte, error) {
 	if count < 1 || count > maxChunks {
 		return nil, fmt.Errorf("memnet: fetch table %d.%d: %d chunks: want 1..%d", term, epoch, count, maxChunks)
@@ -319,6 +323,11 @@ func (a *Agent) FetchChunks(ctx context.Context, term, epoch uint64, count int) 
 	out := make([][]byte, 0, count-1)
 	for i := 1; i < count; i++ {
 		v, _, err := a.Get(ctx, chunkKey(term, epoch, i))
+		if errors.Is(err, protocol.ErrNotFound) {
+			// Not ErrNotFound: gossip.Transport's is jetstream's, which
+			// the protocol cannot tell from other failures either.
+			err = errNoChunk
+		}
 		if err != nil {
 			return nil, fmt.Errorf("memnet: fetch table %d.%d chunk %d of %d: %w", term, epoch, i, count, err)
 		}
