@@ -127,43 +127,95 @@ func (n *Network) kvUpLocked(a *Agent) bool {
 	return true
 }
 
-// kvOp runs op (under n.mu) after the agent's KV latency, failing with
-// ErrUnavailable when the bucket cannot be reached then. When ctx ends
-// first, kvOp returns its error and op may still run later: the outcome is
-// unknown, as on NATS.
-func (a *Agent) kvOp(ctx context.Context, what string, op func(b *bucket) error) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("memnet: %s: %w", what, err)
+// kvStep is one KV round trip: op runs at the bucket, under n.mu. A
+// best-effort step's failure does not fail the call.
+type kvStep struct {
+	what       string
+	op         func(b *bucket) error
+	bestEffort bool
+}
+
+// applyLocked runs one step at the bucket, now.
+func (a *Agent) applyLocked(st kvStep) error {
+	if !a.n.kvUpLocked(a) {
+		a.count.KVErrors++
+		return wrapErr(st.what, ErrUnavailable)
 	}
+	return wrapErr(st.what, st.op(&a.n.bucket))
+}
+
+// run runs steps in order, each after the agent's KV latency, failing
+// with ErrUnavailable when the bucket cannot be reached then. Without
+// latency it runs them at once, on the caller's goroutine. When ctx ends
+// first, run returns its error and the step under way may still apply
+// later: the outcome is unknown, as on NATS.
+func (a *Agent) run(ctx context.Context, steps ...kvStep) error {
 	n := a.n
-	apply := func() error {
-		if !n.kvUpLocked(a) {
-			a.count.KVErrors++
-			return ErrUnavailable
+	for _, st := range steps {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("memnet: %s: %w", st.what, err)
 		}
-		return op(&n.bucket)
-	}
-	n.mu.Lock()
-	lat := n.kvLatencyLocked(a.addr)
-	if lat == 0 {
-		err := apply()
-		n.mu.Unlock()
-		return wrapErr(what, err)
-	}
-	done := make(chan error, 1)
-	n.afterLocked(lat, func() {
 		n.mu.Lock()
-		err := apply()
+		lat := n.kvLatencyLocked(a.addr)
+		if lat == 0 {
+			err := a.applyLocked(st)
+			n.mu.Unlock()
+			if err != nil && !st.bestEffort {
+				return err
+			}
+			continue
+		}
+		done := make(chan error, 1)
+		n.afterLocked(lat, func() {
+			n.mu.Lock()
+			err := a.applyLocked(st)
+			n.mu.Unlock()
+			done <- err
+		})
 		n.mu.Unlock()
-		done <- err
-	})
-	n.mu.Unlock()
-	select {
-	case err := <-done:
-		return wrapErr(what, err)
-	case <-ctx.Done():
-		return fmt.Errorf("memnet: %s: %w", what, ctx.Err())
+		select {
+		case err := <-done:
+			if err != nil && !st.bestEffort {
+				return err
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("memnet: %s: %w", st.what, ctx.Err())
+		}
 	}
+	return nil
+}
+
+// runAsync runs steps as run does, each after the agent's KV latency,
+// entirely in the network's event context, and then calls done there
+// (also without latency: done never runs before runAsync returns).
+func (a *Agent) runAsync(done func(error), steps ...kvStep) {
+	n := a.n
+	if len(steps) == 0 {
+		n.mu.Lock()
+		n.afterLocked(0, func() { done(nil) })
+		n.mu.Unlock()
+		return
+	}
+	var next func(i int)
+	next = func(i int) {
+		if i == len(steps) {
+			done(nil)
+			return
+		}
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.afterLocked(n.kvLatencyLocked(a.addr), func() {
+			n.mu.Lock()
+			err := a.applyLocked(steps[i])
+			n.mu.Unlock()
+			if err != nil && !steps[i].bestEffort {
+				done(err)
+				return
+			}
+			next(i + 1)
+		})
+	}
+	next(0)
 }
 
 func wrapErr(what string, err error) error {
@@ -173,93 +225,150 @@ func wrapErr(what string, err error) error {
 	return fmt.Errorf("memnet: %s: %w", what, err)
 }
 
-// Get returns key's value and revision; ErrNotFound (wrapped) when absent.
-func (a *Agent) Get(ctx context.Context, key string) (value []byte, rev uint64, err error) {
-	err = a.kvOp(ctx, "get "+key, func(b *bucket) error {
+func (a *Agent) getStep(key string, out *entry) kvStep {
+	return kvStep{what: "get " + key, op: func(b *bucket) error {
 		a.count.KVGets++
 		e, ok := b.keys[key]
 		if !ok {
 			return protocol.ErrNotFound
 		}
-		value, rev = append([]byte(nil), e.value...), e.rev
+		*out = entry{value: append([]byte(nil), e.value...), rev: e.rev}
 		return nil
-	})
-	return value, rev, err
+	}}
 }
 
-// Create writes key only when absent; ErrConflict (wrapped) otherwise.
-func (a *Agent) Create(ctx context.Context, key string, value []byte) (rev uint64, err error) {
-	err = a.kvOp(ctx, "create "+key, func(b *bucket) error {
+func (a *Agent) createStep(key string, value []byte, rev *uint64) kvStep {
+	return kvStep{what: "create " + key, op: func(b *bucket) error {
 		a.count.KVPuts++
 		if _, ok := b.keys[key]; ok {
 			return protocol.ErrConflict
 		}
-		rev = b.put(key, value)
-		a.n.headWrittenLocked(key, value, rev)
+		*rev = b.put(key, value)
+		a.n.headWrittenLocked(key, value, *rev)
 		return nil
-	})
+	}}
+}
+
+func (a *Agent) updateStep(key string, value []byte, prev uint64, rev *uint64) kvStep {
+	return kvStep{what: "update " + key, op: func(b *bucket) error {
+		a.count.KVPuts++
+		e, ok := b.keys[key]
+		if ok && e.rev != prev || !ok && prev != 0 {
+			return protocol.ErrConflict
+		}
+		*rev = b.put(key, value)
+		a.n.headWrittenLocked(key, value, *rev)
+		return nil
+	}}
+}
+
+// Get returns key's value and revision; ErrNotFound (wrapped) when absent.
+func (a *Agent) Get(ctx context.Context, key string) (value []byte, rev uint64, err error) {
+	var e entry
+	err = a.run(ctx, a.getStep(key, &e))
+	return e.value, e.rev, err
+}
+
+// Create writes key only when absent; ErrConflict (wrapped) otherwise.
+func (a *Agent) Create(ctx context.Context, key string, value []byte) (rev uint64, err error) {
+	err = a.run(ctx, a.createStep(key, value, &rev))
 	return rev, err
 }
 
 // Update writes key only when its revision is rev (rev 0: when absent, as
-// JetStream's expected-last-subject-sequence 0); ErrConflict (wrapped)
-// otherwise.
+// JetStream's expected-last-subject-sequence 0 does); ErrConflict
+// (wrapped) otherwise.
 func (a *Agent) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
 	var nrev uint64
-	err := a.kvOp(ctx, "update "+key, func(b *bucket) error {
-		a.count.KVPuts++
-		e, ok := b.keys[key]
-		if ok && e.rev != rev || !ok && rev != 0 {
-			return protocol.ErrConflict
-		}
-		nrev = b.put(key, value)
-		a.n.headWrittenLocked(key, value, nrev)
-		return nil
-	})
+	err := a.run(ctx, a.updateStep(key, value, rev, &nrev))
 	return nrev, err
+}
+
+// GetAsync is Get without blocking: done runs in the network's event
+// context once the call completes (see the package doc) — for a
+// simulator that runs everything on the goroutine advancing a
+// VirtualClock. So are CreateAsync, UpdateAsync, StoreTableAsync,
+// LatestTableAsync and FetchChunksAsync.
+func (a *Agent) GetAsync(key string, done func(value []byte, rev uint64, err error)) {
+	var e entry
+	a.runAsync(func(err error) { done(e.value, e.rev, err) }, a.getStep(key, &e))
+}
+
+// CreateAsync is Create without blocking (see GetAsync).
+func (a *Agent) CreateAsync(key string, value []byte, done func(rev uint64, err error)) {
+	var rev uint64
+	a.runAsync(func(err error) { done(rev, err) }, a.createStep(key, value, &rev))
+}
+
+// UpdateAsync is Update without blocking (see GetAsync).
+func (a *Agent) UpdateAsync(key string, value []byte, prev uint64, done func(rev uint64, err error)) {
+	var rev uint64
+	a.runAsync(func(err error) { done(rev, err) }, a.updateStep(key, value, prev, &rev))
+}
+
+// storeSteps are StoreTable's round trips: chunks 1…, the head's
+// compare-and-set, the purge.
+func (a *Agent) storeSteps(prev, term, epoch uint64, chunks [][]byte, rev *uint64) []kvStep {
+	var steps []kvStep
+	for i := 1; i < len(chunks); i++ {
+		steps = append(steps, kvStep{what: fmt.Sprintf("store table %d.%d chunk %d", term, epoch, i), op: func(b *bucket) error {
+			a.count.KVPuts++
+			b.put(chunkKey(term, epoch, i), chunks[i])
+			return nil
+		}})
+	}
+	steps = append(steps, kvStep{what: fmt.Sprintf("store table %d.%d head", term, epoch), op: func(b *bucket) error {
+		a.count.KVPuts++
+		e, ok := b.keys[keyHead]
+		if prev == 0 && ok || prev != 0 && (!ok || e.rev != prev) {
+			return fmt.Errorf("%w (term %d epoch %d on revision %d)", protocol.ErrFenced, term, epoch, prev)
+		}
+		*rev = b.put(keyHead, chunks[0])
+		a.n.headWrittenLocked(keyHead, chunks[0], *rev)
+		return nil
+	}})
+	return append(steps, kvStep{what: "purge old tables", bestEffort: true, op: func(b *bucket) error {
+		purgeOld(b, tableID{term, epoch})
+		return nil
+	}})
+}
+
+func checkChunks(what string, count int) error {
+	if count < 1 || count > maxChunks {
+		return fmt.Errorf("memnet: %s: %d chunks: want 1..%d", what, count, maxChunks)
+	}
+	return nil
 }
 
 // StoreTable writes chunks[1:] (one KV write each), then compare-and-sets
 // the head on revision prev (0: no head yet) — ErrFenced (wrapped) when it
-// moved — and then purges the chunks of every table older than the one
-// the head replaced, as gossip.Transport does. A failure between the
-// writes leaves the chunks written and the head as it was.
+// moved — and then purges, best effort, the chunks of every table older
+// than the one the head replaced, as gossip.Transport does. A failure
+// between the writes leaves the chunks written and the head as it was.
 func (a *Agent) StoreTable(ctx context.Context, prev uint64, term, epoch uint64, chunks [][]byte) (uint64, error) {
-	if len(chunks) == 0 || len(chunks) > maxChunks {
-		return 0, fmt.Errorf("memnet: store table: %d chunks: want 1..%d", len(chunks), maxChunks)
-	}
-	for i := 1; i < len(chunks); i++ {
-		err := a.kvOp(ctx, fmt.Sprintf("store table %d.%d chunk %d", term, epoch, i), func(b *bucket) error {
-			a.count.KVPuts++
-			b.put(chunkKey(term, epoch, i), chunks[i])
-			return nil
-		})
-		if err != nil {
-			return 0, err
-		}
-	}
-	var rev uint64
-	err := a.kvOp(ctx, fmt.Sprintf("store table %d.%d head", term, epoch), func(b *bucket) error {
-		a.count.KVPuts++
-		e, ok := b.keys[keyHead]
-		if prev == 0 && ok || prev != 0 && (!ok || e.rev != prev) {
-			return protocol.ErrFenced
-		}
-		rev = b.put(keyHead, chunks[0])
-		a.n.headWrittenLocked(keyHead, chunks[0], rev)
-		return nil
-	})
-	if errors.Is(err, protocol.ErrFenced) {
-		return 0, fmt.Errorf("%w (term %d epoch %d on revision %d)", protocol.ErrFenced, term, epoch, prev)
-	}
-	if err != nil {
+	if err := checkChunks("store table", len(chunks)); err != nil {
 		return 0, err
 	}
-	_ = a.kvOp(ctx, "purge old tables", func(b *bucket) error { // best effort, as on NATS
-		purgeOld(b, tableID{term, epoch})
-		return nil
-	})
+	var rev uint64
+	if err := a.run(ctx, a.storeSteps(prev, term, epoch, chunks, &rev)...); err != nil {
+		return 0, err
+	}
 	return rev, nil
+}
+
+// StoreTableAsync is StoreTable without blocking (see GetAsync).
+func (a *Agent) StoreTableAsync(prev uint64, term, epoch uint64, chunks [][]byte, done func(rev uint64, err error)) {
+	if err := checkChunks("store table", len(chunks)); err != nil {
+		a.runAsync(func(error) { done(0, err) })
+		return
+	}
+	var rev uint64
+	a.runAsync(func(err error) {
+		if err != nil {
+			rev = 0
+		}
+		done(rev, err)
+	}, a.storeSteps(prev, term, epoch, chunks, &rev)...)
 }
 
 type tableID struct{ term, epoch uint64 }
@@ -300,40 +409,79 @@ func purgeOld(b *bucket, cur tableID) {
 // LatestTable returns the head and its revision; ok false when there is
 // none.
 func (a *Agent) LatestTable(ctx context.Context) (head []byte, rev uint64, ok bool, err error) {
-	head, rev, err = a.Get(ctx, keyHead)
+	var e entry
+	return latest(e, a.run(ctx, a.getStep(keyHead, &e)))
+}
+
+// LatestTableAsync is LatestTable without blocking (see GetAsync).
+func (a *Agent) LatestTableAsync(done func(head []byte, rev uint64, ok bool, err error)) {
+	var e entry
+	a.runAsync(func(err error) { done(latest(e, err)) }, a.getStep(keyHead, &e))
+}
+
+func latest(e entry, err error) ([]byte, uint64, bool, error) {
 	if errors.Is(err, protocol.ErrNotFound) {
 		return nil, 0, false, nil
 	}
 	if err != nil {
 		return nil, 0, false, err
 	}
-	return head, rev, true, nil
+	return e.value, e.rev, true, nil
 }
 
 // errNoChunk is FetchChunks's error for a chunk that is not there.
 var errNoChunk = errors.New("no such chunk: purged, or never written")
 
+// fetchSteps read chunks 1 … count-1 into out.
+func (a *Agent) fetchSteps(term, epoch uint64, count int, out [][]byte) []kvStep {
+	steps := make([]kvStep, 0, count-1)
+	for i := 1; i < count; i++ {
+		key := chunkKey(term, epoch, i)
+		steps = append(steps, kvStep{what: fmt.Sprintf("fetch table %d.%d chunk %d of %d", term, epoch, i, count), op: func(b *bucket) error {
+			a.count.KVGets++
+			e, ok := b.keys[key]
+			if !ok {
+				// Not ErrNotFound: gossip.Transport's is jetstream's,
+				// which the protocol cannot tell from other failures
+				// either.
+				return errNoChunk
+			}
+			out[i-1] = append([]byte(nil), e.value...)
+			return nil
+		}})
+	}
+	return steps
+}
+
 // FetchChunks returns chunks 1 … count-1 of table (term, epoch); a missing
 // chunk (purged two tables later) is an error — a plain one, as on NATS:
 // read the head again.
 func (a *Agent) FetchChunks(ctx context.Context, term, epoch uint64, count int) ([][]byte, error) {
-	if count < 1 || count > maxChunks {
-		return nil, fmt.Errorf("memnet: fetch table %d.%d: %d chunks: want 1..%d", term, epoch, count, maxChunks)
+	what := fmt.Sprintf("fetch table %d.%d", term, epoch)
+	if err := checkChunks(what, count); err != nil {
+		return nil, err
 	}
-	out := make([][]byte, 0, count-1)
-	for i := 1; i < count; i++ {
-		v, _, err := a.Get(ctx, chunkKey(term, epoch, i))
-		if errors.Is(err, protocol.ErrNotFound) {
-			// Not ErrNotFound: gossip.Transport's is jetstream's, which
-			// the protocol cannot tell from other failures either.
-			err = errNoChunk
-		}
-		if err != nil {
-			return nil, fmt.Errorf("memnet: fetch table %d.%d chunk %d of %d: %w", term, epoch, i, count, err)
-		}
-		out = append(out, v)
+	out := make([][]byte, count-1)
+	if err := a.run(ctx, a.fetchSteps(term, epoch, count, out)...); err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// FetchChunksAsync is FetchChunks without blocking (see GetAsync).
+func (a *Agent) FetchChunksAsync(term, epoch uint64, count int, done func(chunks [][]byte, err error)) {
+	what := fmt.Sprintf("fetch table %d.%d", term, epoch)
+	if err := checkChunks(what, count); err != nil {
+		a.runAsync(func(error) { done(nil, err) })
+		return
+	}
+	out := make([][]byte, count-1)
+	a.runAsync(func(err error) {
+		if err != nil {
+			out = nil
+		}
+		done(out, err)
+	}, a.fetchSteps(term, epoch, count, out)...)
 }
 
 // watch is one table watcher: a KV watch of the head while active, and

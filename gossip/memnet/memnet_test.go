@@ -577,6 +577,21 @@ func TestMembershipDetectionDelay(t *testing.T) {
 	}
 }
 
+func TestJoinDuringPartition(t *testing.T) {
+	n, clk := newNet(t, 1, func(c *Config) { c.JoinDelay = time.Second })
+	a := n.Agent("eu", "eu-1")
+	n.CutBoth(Addr{Region: "eu"}, Addr{Region: "us"})
+	b := n.Agent("us", "us-1")
+	if a.LiveInRegion("us") != 0 || b.LiveInRegion("eu") != 0 || b.LiveInRegion("us") != 1 {
+		t.Fatalf("joined across a cut: eu sees %v, us sees %v", a.Live(), b.Live())
+	}
+	n.HealAll()
+	clk.Advance(time.Second)
+	if a.LiveInRegion("us") != 1 || b.LiveInRegion("eu") != 1 {
+		t.Fatalf("healed: eu sees %v, us sees %v", a.Live(), b.Live())
+	}
+}
+
 func TestFalseSuspicion(t *testing.T) {
 	n, clk := newNet(t, 1, func(c *Config) { c.JoinDelay = time.Second })
 	a, b, c := n.Agent("eu", "eu-1"), n.Agent("us", "us-1"), n.Agent("us", "us-2")
@@ -621,5 +636,52 @@ func TestDeterministic(t *testing.T) {
 	a, b := run(42), run(42)
 	if !slices.Equal(a, b) || len(a) == 0 {
 		t.Fatalf("seed 42 gave two runs:\n%v\n%v", a, b)
+	}
+}
+
+// TestAsync drives the KV with latency from the clock's own goroutine, as
+// the simulator does: each call completes in event context, its latency
+// later per round trip.
+func TestAsync(t *testing.T) {
+	n, clk := newNet(t, 1, func(c *Config) { c.KVLatency = 2 * time.Millisecond })
+	a, b := n.Agent("eu", "eu-1"), n.Agent("us", "us-1")
+	var log []string
+	note := func(format string, args ...any) {
+		log = append(log, fmt.Sprintf("%d: ", clk.Now()/ms)+fmt.Sprintf(format, args...))
+	}
+	a.StoreTableAsync(0, 1, 1, [][]byte{[]byte("h"), []byte("c1")}, func(rev uint64, err error) {
+		note("store rev %d %v", rev, err)
+		b.LatestTableAsync(func(head []byte, rev uint64, ok bool, err error) {
+			note("latest %s rev %d %v %v", head, rev, ok, err)
+			b.FetchChunksAsync(1, 1, 2, func(c [][]byte, err error) { note("fetch %q %v", c, err) })
+		})
+	})
+	b.StoreTableAsync(0, 1, 1, [][]byte{[]byte("rival")}, func(rev uint64, err error) {
+		note("rival fenced %v", errors.Is(err, protocol.ErrFenced))
+	})
+	a.CreateAsync("leader", []byte("a"), func(rev uint64, err error) {
+		note("create rev %d %v", rev, err)
+		a.UpdateAsync("leader", []byte("a2"), rev, func(rev uint64, err error) {
+			a.GetAsync("leader", func(v []byte, rev uint64, err error) { note("get %s rev %d %v", v, rev, err) })
+		})
+	})
+	a.FetchChunksAsync(1, 1, 0, func(c [][]byte, err error) { note("bad count %v", err != nil) })
+	if len(log) != 0 {
+		t.Fatalf("completed before the clock moved: %v", log)
+	}
+	clk.Advance(time.Second)
+	// At 2 ms: a's chunk (rev 1), b's head (rev 2: b wins), a's create
+	// (rev 3); at 4 ms a's head is fenced and b's purge ends its call.
+	want := []string{
+		"0: bad count true",
+		"2: create rev 3 <nil>",
+		"4: store rev 0 memnet: store table 1.1 head: gossip: table head moved: another coordinator wrote (term 1 epoch 1 on revision 0)",
+		"4: rival fenced false",
+		"6: latest rival rev 2 true <nil>",
+		"6: get a2 rev 4 <nil>",
+		"8: fetch [\"c1\"] <nil>", // a's chunk, written before its head was fenced
+	}
+	if !slices.Equal(log, want) {
+		t.Fatalf("log:\n%s\nwant:\n%s", strings.Join(log, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -172,8 +172,9 @@ func New(clock Clock, rng *rand.Rand, cfg Config) (*Network, error) {
 // Now is the network's clock reading (µs).
 func (n *Network) Now() int64 { return n.clock.Now() }
 
-// Agent returns the endpoint of agent in region, creating it (alive,
-// connected, a member every other agent sees at once) on first use.
+// Agent returns the endpoint of agent in region, creating it on first use:
+// alive, connected, and a member every agent it can reach sees at once
+// (one cut off from it never does until the cut heals).
 func (n *Network) Agent(region, agent string) *Agent {
 	addr := Addr{region, agent}
 	n.mu.Lock()
@@ -188,9 +189,13 @@ func (n *Network) Agent(region, agent string) *Agent {
 		changed: make(chan struct{}, 1),
 	}
 	for _, o := range n.order {
-		o.view[addr] = &peer{live: true, want: true}
-		a.view[o.addr] = &peer{live: true, want: true}
-		o.signal()
+		in, _ := n.reachableLocked(o, a)
+		out, _ := n.reachableLocked(a, o)
+		o.view[addr] = &peer{live: in, want: in}
+		a.view[o.addr] = &peer{live: out, want: out}
+		if in {
+			o.signal()
+		}
 	}
 	a.view[addr] = &peer{live: true, want: true}
 	n.agents[addr] = a
