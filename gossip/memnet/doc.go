@@ -58,7 +58,36 @@
 // watches created, messages published and delivered), so a caller can
 // bound them.
 //
-// A Network and its Agents are safe for concurrent use. With a latency on
-// the KV under a VirtualClock, a KV call blocks its goroutine until
-// another goroutine advances the clock past it.
+// # Blocking and asynchronous calls
+//
+// The ports' KV calls block, as on NATS: without KV latency they complete
+// at once on the caller's goroutine; with latency under a VirtualClock a
+// call blocks until another goroutine advances the clock past it. A
+// simulator that runs everything on the goroutine advancing the clock
+// uses the asynchronous forms instead ([Agent.GetAsync], CreateAsync,
+// UpdateAsync, StoreTableAsync, LatestTableAsync, FetchChunksAsync, and
+// [Agent.WatchHeads] for WatchTables), which complete in event context,
+// one KV latency per round trip, exactly as the blocking forms do.
+//
+// # Differences from gossip.Transport and gossip.Members
+//
+// ports_conformance_test.go in package gossip runs one script against both
+// and finds the same transcript (revisions included). Beyond it:
+//
+//   - Publishing while disconnected fails at once; the Transport buffers
+//     reports and acks while reconnecting (ReconnectBufSize) and fails only
+//     past the buffer or once closed. A late replay is harmless to the
+//     protocol, a loss is the harder case, so memnet models the loss.
+//   - Flush returns at once (nothing is queued on a connection).
+//   - Subscriptions' callbacks run in the network's event context, not on a
+//     goroutine per subscription: in real time a slow callback holds up
+//     every delivery of the network.
+//   - A watch delivers every head written while it is up; JetStream's
+//     (History 1) may skip a head already superseded. Both only ever
+//     deliver newer heads, which is all the port promises.
+//   - There is no Close (WatchTables ends only with its ctx) and no Leave:
+//     Kill and Revive stand for a crash and a restart.
+//   - Keys and subjects carry no cluster prefix: a Network is one cluster.
+//
+// A Network and its Agents are safe for concurrent use.
 package memnet
