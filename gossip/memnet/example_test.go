@@ -27,7 +27,9 @@ func Example() {
 	defer stop()
 	_ = eu.PublishReport("eu", "eu-1", [][]byte{[]byte("report 1")})
 
-	defer us.WatchHeads(func(head []byte, rev uint64) { fmt.Printf("%d ms: us sees %s at revision %d\n", clk.Now()/1000, head, rev) })()
+	defer us.WatchHeads(func(head []byte, rev uint64) {
+		fmt.Printf("%d ms: us sees %s at revision %d\n", clk.Now()/1000, head, rev)
+	})()
 	eu.StoreTableAsync(0, 1, 1, [][]byte{[]byte("table 1.1")}, func(rev uint64, err error) {
 		fmt.Printf("%d ms: eu stored revision %d, err %v\n", clk.Now()/1000, rev, err)
 	})
