@@ -383,24 +383,12 @@ func TestWatchSurvivesDrops(t *testing.T) {
 	var rev uint64
 	store := func(h string) {
 		t.Helper()
-		done := make(chan error, 1)
-		go func() {
-			var err error
-			rev, err = w.StoreTable(ctx, rev, 1, rev+1, [][]byte{[]byte(h)})
-			done <- err
-		}()
-		// The call blocks until the clock passes its latency: advance in
-		// steps until it returns (when it was made does not matter here).
-		for {
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			default:
-				clk.Advance(time.Millisecond)
-			}
+		var err error
+		finished := false
+		w.StoreTableAsync(rev, 1, rev+1, [][]byte{[]byte(h)}, func(r uint64, e error) { rev, err, finished = r, e, true })
+		clk.Advance(2 * time.Millisecond) // the head's round trip and the purge's
+		if !finished || err != nil {
+			t.Fatalf("store %s: finished %v, %v", h, finished, err)
 		}
 	}
 	store("h1")
