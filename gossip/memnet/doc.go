@@ -71,8 +71,10 @@
 //
 // # Differences from gossip.Transport and gossip.Members
 //
-// ports_conformance_test.go in package gossip runs one script against both
-// and finds the same transcript (revisions included). Beyond it:
+// ports_conformance_test.go in package gossip runs one script against the
+// Transport and against memnet and finds the same transcript (revisions
+// included); membership is not in it (memberlist's timing is its own, and
+// memnet's is the knobs above). Beyond it:
 //
 //   - Publishing while disconnected fails at once; the Transport buffers
 //     reports and acks while reconnecting (ReconnectBufSize) and fails only
