@@ -30,12 +30,16 @@
 //     acks, watches the table head, verifies each table's Ed25519
 //     signature against the configured coordinator keys and hands newer
 //     tables to the agent, and — on a candidate — campaigns and, while
-//     elected, runs rebalance.Coordinator: StartTerm with the stored table
-//     (learning mode), Observe/Ack/MemberChange/Tick every TickEvery, each
-//     Ready table signed and stored before the next. Keys enter the
-//     coordinator's budgets when a report first names them (their rule
-//     looked up in the policy with region.Policy.RuleForKey) and leave
-//     after KeyIdle without demand.
+//     elected, runs one protocol.Term per term: the coordinator's
+//     decisions (which keys are budgeted, the term's start from the stored
+//     table, which table to store next, when the term is deposed), with
+//     rebalance.Coordinator inside it doing the share math. Loop.coordinate
+//     is the Term's shell: it reads and verifies the stored head, decodes
+//     reports and acks and hands them over, every TickEvery passes the
+//     node's policy, the live members and the time, signs the table Tick
+//     returns and compare-and-sets it, tells the Term the store's answer
+//     (a fence ends the term), and logs and counts the Term's events. The
+//     simulator drives the same Term in virtual time.
 //
 // Every inbound message is decoded and validated by gossip/wire; one that
 // fails (bad signature, other cluster, malformed, older than the table in

@@ -618,23 +618,15 @@ func (l *Loop) setLeader(on bool) {
 	}
 }
 
-// errDeposed ends a term whose table write was fenced.
-var errDeposed = errors.New("gossip: deposed: the table head moved under this coordinator")
+// errDeposed ends a term whose table write was fenced, or whose stored
+// table's term is not below it.
+var errDeposed = protocol.ErrDeposed
 
-// keyState is one key the coordinator has heard of.
-type keyState struct {
-	budget   rebalance.Budget
-	has      bool // budgeted: its rule shares a budget, or the stored table gave it one
-	lastSeen int64
-}
-
-// setRule budgets the key by its rule in policy (none: not budgeted).
-func (ks *keyState) setRule(policy *region.Policy, key string) {
-	r, _ := policy.RuleForKey(key)
-	ks.budget, ks.has = r.Budget(key)
-}
-
-// coordinate runs the rebalance core for one term.
+// coordinate runs one term: the I/O around a protocol.Term, which decides
+// the keys, the term's start and what to store. It subscribes to reports
+// and acks, reads the stored head, decodes and verifies what arrives,
+// signs and compare-and-sets the tables the term hands out, and counts
+// and logs what the term reports.
 func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 	log := l.log.With("term", term)
 	reports := make(chan []byte, l.cfg.Queue*4)
@@ -672,80 +664,38 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			latest = nil
 		}
 	}
-	if latest != nil && latest.Term >= term {
-		return fmt.Errorf("%w: stored table has term %d, this term is %d", errDeposed, latest.Term, term)
+	var live []rebalance.Member // nil without membership
+	if l.mem != nil {
+		live = l.mem.Live()
 	}
-	policy := l.node.Policy()
-	keys := map[string]*keyState{}
-	now := l.now()
-	if latest != nil {
-		for i := range latest.Keys {
-			row := &latest.Keys[i]
-			ks := &keyState{lastSeen: now}
-			ks.setRule(policy, row.Key)
-			if !ks.has && !row.Budget.IsZero() {
-				// No rule here for a key the stored table budgets: another
-				// agent's policy may be ahead of this one's; keep its budget.
-				ks.budget, ks.has = rebalance.Budget{Key: row.Key, Limit: row.Budget}, true
-			}
-			keys[row.Key] = ks
-		}
-	}
-	c, err := rebalance.NewCoordinator(l.cfg.Coordinator, budgetsOf(keys))
+	tm, err := protocol.NewTerm(l.termConfig(), term, latest, live, l.node.Policy(), l.now())
 	if err != nil {
 		return err
 	}
-	c.SetPolicyVersion(policy.Version())
-	var members []rebalance.Member
-	syncMembers := func() {
-		if l.mem == nil {
-			return
-		}
-		live := l.mem.Live()
-		if members != nil && slices.Equal(live, members) {
-			return
-		}
-		members = live
-		if err := c.MemberChange(live); err != nil {
-			log.Warn("membership", "err", err)
-		}
-	}
-	// Membership before the term starts: the term's first table names the
-	// live agents (and StartTerm the stored table's), so that the first
-	// decrease waits for them.
-	syncMembers()
-	if err := c.StartTerm(term, latest, now); err != nil {
-		return err
-	}
-	log.Info("coordinating", "latest_term", termOf(latest), "keys", len(keys))
+	l.termEvents(log, tm)
+	log.Info("coordinating", "latest_term", termOf(latest), "keys", tm.Stats().Keys)
 	l.mu.Lock()
 	l.holder = Leadership{Term: term, ID: l.cfg.Election.ID, Since: time.Now()}
 	l.mu.Unlock()
-	var unpublished *rebalance.Table
-	publish := func() error {
-		for _, t := range c.Ready() {
-			unpublished = t
-		}
-		c.Advance()
-		if unpublished == nil {
+	store := func(t *rebalance.Table) error {
+		if t == nil {
 			return nil
 		}
-		t := unpublished
 		chunks, err := wire.EncodeTable(l.cfg.Cluster, t, l.cfg.SignKey, l.cfg.MaxMessage)
 		if err != nil {
 			return fmt.Errorf("encode table: %w", err)
 		}
-		nrev, err := l.tr.StoreTable(ctx, rev, t.Term, t.Epoch, chunks)
-		if errors.Is(err, ErrFenced) {
+		nrev, serr := l.tr.StoreTable(ctx, rev, t.Term, t.Epoch, chunks)
+		if err := tm.Stored(t, serr); err != nil {
 			l.m.fenced.Inc()
-			return errDeposed
+			return err
 		}
-		if err != nil {
+		if serr != nil {
 			l.m.errors.WithLabelValues("table").Inc()
-			log.Warn("store table (retrying next tick)", "epoch", t.Epoch, "err", err)
+			log.Warn("store table (retrying next tick)", "epoch", t.Epoch, "err", serr)
 			return nil
 		}
-		rev, unpublished = nrev, nil
+		rev = nrev
 		n := 0
 		for _, b := range chunks {
 			n += len(b)
@@ -753,14 +703,13 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 		l.m.msgs.WithLabelValues("table", "out").Add(float64(len(chunks)))
 		l.m.bytes.WithLabelValues("table", "out").Add(float64(n))
 		l.m.published.Inc()
-		l.m.maxShareSum.Set(float64(maxShareSum(t)))
+		l.m.maxShareSum.Set(float64(protocol.MaxShareSum(t)))
 		return nil
 	}
-	if err := publish(); err != nil {
+	if err := store(tm.Unstored()); err != nil {
 		return err
 	}
 	asm := wire.NewAssembler(l.cfg.Limits, 4*len(l.cfg.Coordinator.Regions)+16)
-	var pending []*rebalance.Report
 	tick := time.NewTicker(l.cfg.TickEvery)
 	defer tick.Stop()
 	for {
@@ -784,10 +733,11 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 				continue
 			}
 			if done {
-				l.noteSkew(rep.Region, m.Report.Sent)
-				if len(pending) < l.cfg.Queue*len(l.cfg.Coordinator.Regions) {
-					pending = append(pending, rep)
-				} else {
+				a := tm.Report(rep, m.Report.Sent, l.now())
+				if a.SkewKnown {
+					l.noteSkew(rep.Region, a.Skew)
+				}
+				if !a.Queued {
 					l.m.dropped.WithLabelValues("report_in").Inc()
 				}
 			}
@@ -802,83 +752,53 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			}
 			l.m.msgs.WithLabelValues("ack", "in").Inc()
 			l.m.bytes.WithLabelValues("ack", "in").Add(float64(len(b)))
-			if err := c.Ack(m.Ack.Region, m.Ack.Agent, m.Ack.Term, m.Ack.Epoch); err != nil {
+			if err := tm.Ack(m.Ack.Region, m.Ack.Agent, m.Ack.Term, m.Ack.Epoch); err != nil {
 				l.invalid("ack", fmt.Errorf("%w: %v", wire.ErrInvalid, err))
 			}
 		case <-tick.C:
 			now := l.now()
-			if p := l.node.Policy(); p != policy {
-				policy = p
-				for k, ks := range keys {
-					ks.setRule(policy, k)
-				}
-				c.SetPolicyVersion(policy.Version())
-				if err := c.SetBudgets(budgetsOf(keys)); err != nil {
-					log.Warn("budgets after a policy change", "err", err)
-				}
+			tm.Policy(l.node.Policy())
+			if l.mem != nil {
+				tm.Members(l.mem.Live())
 			}
-			if l.learnKeys(keys, pending, policy, now) {
-				if err := c.SetBudgets(budgetsOf(keys)); err != nil {
-					log.Warn("budgets", "err", err)
-				}
-			}
-			for _, rep := range pending {
-				if err := c.Observe(rep, now); err != nil && !errors.Is(err, rebalance.ErrBadReport) {
-					l.invalid("report", fmt.Errorf("%w: %v", wire.ErrInvalid, err))
-				}
-			}
-			clear(pending)
-			pending = pending[:0]
-			syncMembers()
-			c.Tick(now)
-			if err := publish(); err != nil {
+			t := tm.Tick(now)
+			l.termEvents(log, tm)
+			if err := store(t); err != nil {
 				return err
 			}
-			l.m.keys.Set(float64(len(keys)))
+			l.m.keys.Set(float64(tm.Stats().Keys))
 		}
 	}
 }
 
-// learnKeys adds the reported keys the coordinator does not budget yet and
-// drops those idle longer than KeyIdle; it reports whether the budgets
-// changed.
-func (l *Loop) learnKeys(keys map[string]*keyState, reps []*rebalance.Report, policy *region.Policy, now int64) bool {
-	changed := false
-	for _, rep := range reps {
-		for _, kd := range rep.Keys {
-			if ks, ok := keys[kd.Key]; ok {
-				ks.lastSeen = now
-				continue
-			}
-			if len(keys) >= l.cfg.MaxKeys {
-				l.m.overflow.Inc()
-				continue
-			}
-			ks := &keyState{lastSeen: now}
-			ks.setRule(policy, kd.Key)
-			keys[kd.Key] = ks
-			changed = changed || ks.has
-		}
+// termConfig is the part of the loop's configuration a term runs on.
+func (l *Loop) termConfig() protocol.CoordinatorConfig {
+	return protocol.CoordinatorConfig{
+		Coordinator: l.cfg.Coordinator,
+		MaxKeys:     l.cfg.MaxKeys,
+		KeyIdle:     l.cfg.KeyIdle,
+		Queue:       l.cfg.Queue,
 	}
-	idle := l.cfg.KeyIdle.Microseconds()
-	for k, ks := range keys {
-		if now-ks.lastSeen > idle {
-			delete(keys, k)
-			changed = changed || ks.has
-		}
-	}
-	return changed
 }
 
-// budgetsOf lists the budgets of the budgeted keys.
-func budgetsOf(keys map[string]*keyState) []rebalance.Budget {
-	out := make([]rebalance.Budget, 0, len(keys))
-	for _, ks := range keys {
-		if ks.has {
-			out = append(out, ks.budget)
+// termEvents logs and counts what a term refused or counted.
+func (l *Loop) termEvents(log *slog.Logger, tm *protocol.Term) {
+	for _, e := range tm.Events() {
+		switch e.Kind {
+		case protocol.EventMembers:
+			log.Warn("membership", "err", e.Err)
+		case protocol.EventPolicyBudgets:
+			log.Warn("budgets after a policy change", "err", e.Err)
+		case protocol.EventBudgets:
+			log.Warn("budgets", "err", e.Err)
+		case protocol.EventReportRefused:
+			l.invalid("report", fmt.Errorf("%w: %v", wire.ErrInvalid, e.Err))
+		case protocol.EventOverflow:
+			l.m.overflow.Add(float64(e.N))
+		default:
+			log.Warn("coordinator", "event", e.Kind, "err", e.Err)
 		}
 	}
-	return out
 }
 
 func termOf(t *rebalance.Table) uint64 {
@@ -888,28 +808,11 @@ func termOf(t *rebalance.Table) uint64 {
 	return t.Term
 }
 
-// maxShareSum is the largest Σ shares (ppm) over a table's keys: never
-// above 10⁶ (an alert watches it).
-func maxShareSum(t *rebalance.Table) uint64 {
-	var most uint64
-	for i := range t.Keys {
-		var s uint64
-		for _, v := range t.Keys[i].Shares {
-			s += uint64(v)
-		}
-		most = max(most, s)
-	}
-	return most
-}
-
 // noteSkew records how far a region's store clock was from the
-// coordinator's when its report arrived (transit time included: an upper
-// bound on how far behind it is).
-func (l *Loop) noteSkew(regionName string, sent int64) {
-	if sent == 0 {
-		return
-	}
-	ms := float64(sent-l.now()) / 1000
+// coordinator's when its report arrived (skew µs, from protocol.Term's
+// Report: transit time included, an upper bound on how far behind it is).
+func (l *Loop) noteSkew(regionName string, skew int64) {
+	ms := float64(skew) / 1000
 	l.mu.Lock()
 	l.skew[regionName] = ms
 	l.mu.Unlock()

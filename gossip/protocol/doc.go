@@ -47,3 +47,47 @@
 // region/agent acknowledges when InForce changes. Learning mode is the
 // coordinator's (rebalance).
 package protocol
+
+// # Coordinator
+//
+// Term is one term of the coordinator. The shell (gossip.Loop.coordinate
+// over NATS and the KV bucket; the simulator over gossip/memnet) owns the
+// I/O: it reads the stored table head and verifies it, decodes and
+// reassembles reports and acks, signs and encodes tables
+// (wire.EncodeTable), compare-and-sets them (TableStore.StoreTable) on the
+// revision it last wrote, keeps that revision, runs the ticker, and turns
+// the Term's events and stats into logs and metrics. Term decides, on
+// explicit instants (µs, the coordinator's clock), with no clock, no I/O
+// and no goroutine:
+//
+//   - The key life cycle. A key enters on the first Tick after a report
+//     names it, budgeted by its rule (region.Policy.RuleForKey; a key with
+//     no shared rule is kept, unbudgeted, to count against MaxKeys and
+//     idleness). It leaves once no report named it for longer than
+//     KeyIdle. At MaxKeys, further keys are not kept: they run at their
+//     safe share and are counted (EventOverflow, per report naming them).
+//     The stored table's keys are the term's first keys; one budgeted
+//     there with no rule here keeps the stored budget (another agent's
+//     policy may be ahead).
+//   - Policy reloads: every key is re-ruled, later tables carry the new
+//     version, and the core gets the new budgets.
+//   - The term's start. A stored table whose term is not below this one
+//     deposes it (ErrDeposed); an unverifiable head is no table (the
+//     shell passes nil and the term starts from the floors). The live
+//     members reach the core before rebalance.Coordinator.StartTerm, so
+//     the first table names them as well as the stored table's agents, and
+//     the first decrease waits for them.
+//   - What to store. The newest table the core made is returned by every
+//     Tick until Stored says the store took it; a newer table supersedes
+//     an unstored one. Stored with an error wrapping ErrFenced ends the
+//     term (ErrDeposed); any other store error leaves the table to retry.
+//   - Reports wait for the next Tick in a bounded queue (Queue × regions;
+//     Report says when it drops one) and are observed at the Tick's
+//     instant; acks go to the core at once. Report also returns the
+//     sender's skew estimate for the shell to show.
+//
+// What the core refuses (a membership list, budgets, a report from an
+// unknown region) comes back as Events; the input is ignored, as it was
+// before the logic moved here. rebalance.Coordinator still does the share
+// math, leases, learning mode and break-before-make; Term adds only what
+// happens around it between one term's start and its end.

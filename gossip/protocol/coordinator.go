@@ -1,0 +1,439 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/region"
+)
+
+// CoordinatorConfig configures the coordinator's terms. Its fields mirror
+// gossip.LoopConfig's, which documents their defaults.
+type CoordinatorConfig struct {
+	// Coordinator configures the rebalance core each term runs.
+	Coordinator rebalance.Config
+	// MaxKeys bounds the keys a term keeps (budgeted or not); a reported
+	// key beyond it is not budgeted — it runs at its safe share — and is
+	// counted (EventOverflow).
+	MaxKeys int
+	// KeyIdle: a key no report named for longer than this leaves the
+	// budgets.
+	KeyIdle time.Duration
+	// Queue bounds the reports waiting for the next Tick at Queue × the
+	// number of regions; Report refuses any beyond it.
+	Queue int
+}
+
+// Validate reports every problem with c.
+func (c *CoordinatorConfig) Validate() error {
+	var errs []error
+	if err := c.Coordinator.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MaxKeys < 1 {
+		errs = append(errs, fmt.Errorf("protocol: max keys %d: want at least 1", c.MaxKeys))
+	}
+	if c.KeyIdle < c.Coordinator.Interval {
+		errs = append(errs, fmt.Errorf("protocol: key idle %v: want at least one interval (%v)", c.KeyIdle, c.Coordinator.Interval))
+	}
+	if c.Queue < 1 {
+		errs = append(errs, fmt.Errorf("protocol: queue %d: want at least 1", c.Queue))
+	}
+	return errors.Join(errs...)
+}
+
+// ErrDeposed ends a term: the stored table's term is not below it
+// (NewTerm), or the store fenced one of its writes (Stored) — another
+// coordinator has written. The shell resigns and campaigns again.
+var ErrDeposed = errors.New("gossip: deposed: the table head moved under this coordinator")
+
+// EventKind says what an Event reports.
+type EventKind int
+
+// The events a Term reports for the shell to log or count; the input that
+// caused each is ignored (or, for EventOverflow, its keys not budgeted).
+const (
+	// EventMembers: the core refused the live members (an unknown region,
+	// an unnamed agent) and keeps the previous ones.
+	EventMembers EventKind = iota + 1
+	// EventPolicyBudgets: the core refused the budgets a reloaded policy
+	// gives; it keeps the previous ones until the key set next changes.
+	EventPolicyBudgets
+	// EventBudgets: the core refused the budgets after keys entered or
+	// left; it keeps the previous ones.
+	EventBudgets
+	// EventReportRefused: the core refused a report for a reason other
+	// than rebalance.ErrBadReport (an unknown region): a message no agent
+	// of this cluster should send. Reports refused with ErrBadReport (a
+	// repeated interval, keys not budgeted) are routine and not reported.
+	EventReportRefused
+	// EventOverflow: N reported keys found no room under MaxKeys in one
+	// Tick (a key counts once per report naming it).
+	EventOverflow
+)
+
+var eventNames = [...]string{"", "members", "policy-budgets", "budgets", "report-refused", "overflow"}
+
+func (k EventKind) String() string {
+	if k > 0 && int(k) < len(eventNames) {
+		return eventNames[k]
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
+}
+
+// Event is something a Term refused or counted. Err is set for the
+// refusals, N for EventOverflow.
+type Event struct {
+	Kind EventKind
+	Err  error
+	N    int
+}
+
+// Arrival is what Report made of one report.
+type Arrival struct {
+	// Queued is false when the queue was full: the report is dropped
+	// (the shell counts it).
+	Queued bool
+	// Skew (µs) is the sender's store clock minus the coordinator's
+	// clock when the report arrived — transit included, so an upper bound
+	// on how far behind that store is. SkewKnown is false when the report
+	// carried no send time.
+	Skew      int64
+	SkewKnown bool
+}
+
+// TermStats is a Term's size and counters, for the shell's metrics.
+type TermStats struct {
+	Term     uint64
+	Keys     int    // keys heard of, budgeted or not (≤ MaxKeys, plus the stored table's)
+	Budgeted int    // keys with a budget in the core
+	Pending  int    // reports waiting for the next Tick
+	Overflow uint64 // reported keys refused for want of room, this term
+	Dropped  uint64 // reports Report refused (queue full), this term
+	Learning bool   // the core still republishes the stored table
+	Unstored bool   // a table waits to be stored
+}
+
+// Term is one term of the coordinator: which keys are budgeted and under
+// which rule, the order of membership and the term's start, the reports
+// waiting for a tick, and which table the store must take next. It wraps
+// a rebalance.Coordinator, which does the share math, and reads no clock
+// and does no I/O: every instant (µs, the coordinator's clock) is an
+// argument, and the shell — gossip.Loop over NATS and the KV bucket, the
+// simulator over gossip/memnet — encodes, signs, stores and logs.
+//
+// The shell's loop: NewTerm with the stored head; store Unstored; then, as
+// inputs arrive, Report and Ack; every tick Policy (the policy in force),
+// Members (the live agents), Tick, store what Tick returns, report the
+// outcome with Stored, and drain Events. A term is over once NewTerm or
+// Stored returns ErrDeposed.
+//
+// A Term is not safe for concurrent use: one goroutine owns it.
+type Term struct {
+	cfg    CoordinatorConfig
+	term   uint64
+	c      *rebalance.Coordinator
+	policy *region.Policy
+
+	keys     map[string]*keyState
+	budgeted int // keys with has set
+
+	members []rebalance.Member
+	synced  bool // members were given to the core
+
+	pending  []*rebalance.Report
+	unstored *rebalance.Table
+	deposed  bool
+
+	overflow, dropped uint64
+	events            []Event
+}
+
+// keyState is one key the coordinator has heard of.
+type keyState struct {
+	budget   rebalance.Budget
+	has      bool // budgeted: its rule shares a budget, or the stored table gave it one
+	lastSeen int64
+}
+
+// setRule budgets the key by its rule in policy (none: not budgeted).
+func (t *Term) setRule(ks *keyState, key string) {
+	r, _ := t.policy.RuleForKey(key)
+	had := ks.has
+	ks.budget, ks.has = r.Budget(key)
+	t.count(had, ks.has)
+}
+
+// count keeps budgeted in step with one key's has going from had to has.
+func (t *Term) count(had, has bool) {
+	switch {
+	case has && !had:
+		t.budgeted++
+	case had && !has:
+		t.budgeted--
+	}
+}
+
+// NewTerm starts term at now (µs) from the stored table (nil: none was
+// stored, or its head could not be verified — the term starts from the
+// floors), with the live members (nil: no membership; the core learns
+// agents from their reports) and the policy in force.
+//
+// The stored table's keys are the term's first keys, each budgeted by its
+// rule in policy; a key the stored table budgets but policy has no rule
+// for keeps the stored budget (another agent's policy may be ahead of this
+// one's). Membership reaches the core before the term starts, so that its
+// first table names the live agents as well as the stored table's, and the
+// first decrease waits for them. That first table is Unstored.
+//
+// A stored table whose term is not below term means another coordinator
+// has written under this term or a later one: the error wraps ErrDeposed.
+func NewTerm(cfg CoordinatorConfig, term uint64, stored *rebalance.Table, members []rebalance.Member, policy *region.Policy, now int64) (*Term, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if policy == nil {
+		return nil, errors.New("protocol: NewTerm needs a policy")
+	}
+	if stored != nil && stored.Term >= term {
+		return nil, fmt.Errorf("%w: stored table has term %d, this term is %d", ErrDeposed, stored.Term, term)
+	}
+	t := &Term{cfg: cfg, term: term, policy: policy, keys: map[string]*keyState{}}
+	if stored != nil {
+		for i := range stored.Keys {
+			row := &stored.Keys[i]
+			if old, ok := t.keys[row.Key]; ok {
+				t.count(old.has, false) // a row listed twice: the last one counts
+			}
+			ks := &keyState{lastSeen: now}
+			t.setRule(ks, row.Key)
+			if !ks.has && !row.Budget.IsZero() {
+				// No rule here for a key the stored table budgets: another
+				// agent's policy may be ahead of this one's; keep its budget.
+				ks.budget, ks.has = rebalance.Budget{Key: row.Key, Limit: row.Budget}, true
+				t.count(false, true)
+			}
+			t.keys[row.Key] = ks
+		}
+	}
+	c, err := rebalance.NewCoordinator(cfg.Coordinator, t.budgets())
+	if err != nil {
+		return nil, err
+	}
+	t.c = c
+	c.SetPolicyVersion(policy.Version())
+	if members != nil {
+		t.Members(members)
+	}
+	if err := c.StartTerm(term, stored, now); err != nil {
+		return nil, err
+	}
+	t.collect()
+	return t, nil
+}
+
+// Report queues a complete report for the next Tick, which observes it. sent
+// is when the agent sent it (µs on its region's store clock; 0: unknown),
+// now when it arrived (µs, the coordinator's clock); they give the skew
+// estimate only — the report is observed at the Tick's instant.
+func (t *Term) Report(rep *rebalance.Report, sent, now int64) Arrival {
+	var a Arrival
+	if sent != 0 {
+		a.Skew, a.SkewKnown = sent-now, true
+	}
+	if len(t.pending) < t.cfg.Queue*len(t.cfg.Coordinator.Regions) {
+		t.pending = append(t.pending, rep)
+		a.Queued = true
+	} else {
+		t.dropped++
+	}
+	return a
+}
+
+// Ack records that region/agent has table (term, epoch) in force. An error
+// means the ack was ignored (an unknown region, no agent name).
+func (t *Term) Ack(region, agent string, term, epoch uint64) error {
+	return t.c.Ack(region, agent, term, epoch)
+}
+
+// Members tells the core the live agents (sorted, as Membership.Live lists
+// them) when they differ from the last ones given. A list the core refuses
+// is reported (EventMembers) and not offered again until it changes.
+func (t *Term) Members(live []rebalance.Member) {
+	if t.synced && slices.Equal(live, t.members) {
+		return
+	}
+	t.members, t.synced = slices.Clone(live), true
+	if err := t.c.MemberChange(live); err != nil {
+		t.event(Event{Kind: EventMembers, Err: err})
+	}
+}
+
+// Policy makes p the policy in force. A policy other than the current one
+// (by identity: the shell hands over the node's snapshot) re-rules every
+// key, stamps later tables with its version and gives the core the new
+// budgets; the same policy again does nothing.
+func (t *Term) Policy(p *region.Policy) {
+	if p == nil || p == t.policy {
+		return
+	}
+	t.policy = p
+	for k, ks := range t.keys {
+		t.setRule(ks, k)
+	}
+	t.c.SetPolicyVersion(p.Version())
+	if err := t.c.SetBudgets(t.budgets()); err != nil {
+		t.event(Event{Kind: EventPolicyBudgets, Err: err})
+	}
+}
+
+// Tick advances the term to now (µs): the keys the queued reports name
+// enter (within MaxKeys), keys idle for longer than KeyIdle leave, the
+// reports are observed, and the core ticks. It returns the table to store
+// now: the newest table the core produced, or — while the store has not
+// taken it (Stored) — the last one again; nil when there is none, or once
+// the term is over.
+func (t *Term) Tick(now int64) *rebalance.Table {
+	if t.deposed {
+		return nil
+	}
+	if t.learnKeys(now) {
+		if err := t.c.SetBudgets(t.budgets()); err != nil {
+			t.event(Event{Kind: EventBudgets, Err: err})
+		}
+	}
+	for _, rep := range t.pending {
+		if err := t.c.Observe(rep, now); err != nil && !errors.Is(err, rebalance.ErrBadReport) {
+			t.event(Event{Kind: EventReportRefused, Err: err})
+		}
+	}
+	clear(t.pending)
+	t.pending = t.pending[:0]
+	t.c.Tick(now)
+	t.collect()
+	return t.unstored
+}
+
+// Unstored returns the table the store has not taken yet (nil: none):
+// after NewTerm, the term's first table.
+func (t *Term) Unstored() *rebalance.Table { return t.unstored }
+
+// Stored reports the store's answer to writing tb. nil: tb is stored and
+// no longer returned. An error wrapping ErrFenced (the head moved: another
+// coordinator wrote) ends the term: Stored returns ErrDeposed. Any other
+// error leaves tb unstored, so the next Tick returns it again (or a newer
+// table); Stored returns nil.
+func (t *Term) Stored(tb *rebalance.Table, err error) error {
+	switch {
+	case err == nil:
+		if tb == t.unstored {
+			t.unstored = nil
+		}
+		return nil
+	case errors.Is(err, ErrFenced):
+		t.deposed = true
+		return ErrDeposed
+	default:
+		return nil
+	}
+}
+
+// Events returns what the term refused or counted since the last call,
+// oldest first.
+func (t *Term) Events() []Event {
+	ev := t.events
+	t.events = nil
+	return ev
+}
+
+// Budget returns the budget the term gives key (false: not budgeted).
+func (t *Term) Budget(key string) (rebalance.Budget, bool) {
+	if ks, ok := t.keys[key]; ok && ks.has {
+		return ks.budget, true
+	}
+	return rebalance.Budget{}, false
+}
+
+// Stats returns the term's size and counters.
+func (t *Term) Stats() TermStats {
+	return TermStats{
+		Term: t.term, Keys: len(t.keys), Budgeted: t.budgeted, Pending: len(t.pending),
+		Overflow: t.overflow, Dropped: t.dropped, Learning: t.c.Learning(), Unstored: t.unstored != nil,
+	}
+}
+
+// collect takes the core's ready tables: the newest replaces any table not
+// stored yet (it supersedes it).
+func (t *Term) collect() {
+	for _, tb := range t.c.Ready() {
+		t.unstored = tb
+	}
+	t.c.Advance()
+}
+
+func (t *Term) event(e Event) { t.events = append(t.events, e) }
+
+// learnKeys adds the keys the pending reports name that the term does not
+// know yet and drops those idle for longer than KeyIdle; it reports
+// whether the budgets changed.
+func (t *Term) learnKeys(now int64) bool {
+	changed := false
+	overflow := 0
+	for _, rep := range t.pending {
+		for _, kd := range rep.Keys {
+			if ks, ok := t.keys[kd.Key]; ok {
+				ks.lastSeen = now
+				continue
+			}
+			if len(t.keys) >= t.cfg.MaxKeys {
+				overflow++
+				continue
+			}
+			ks := &keyState{lastSeen: now}
+			t.setRule(ks, kd.Key)
+			t.keys[kd.Key] = ks
+			changed = changed || ks.has
+		}
+	}
+	if overflow > 0 {
+		t.overflow += uint64(overflow)
+		t.event(Event{Kind: EventOverflow, N: overflow})
+	}
+	idle := t.cfg.KeyIdle.Microseconds()
+	for k, ks := range t.keys {
+		if now-ks.lastSeen > idle {
+			delete(t.keys, k)
+			t.count(ks.has, false)
+			changed = changed || ks.has
+		}
+	}
+	return changed
+}
+
+// budgets lists the budgets of the budgeted keys.
+func (t *Term) budgets() []rebalance.Budget {
+	out := make([]rebalance.Budget, 0, t.budgeted)
+	for _, ks := range t.keys {
+		if ks.has {
+			out = append(out, ks.budget)
+		}
+	}
+	return out
+}
+
+// MaxShareSum is the largest Σ shares (ppm) over a table's keys: never
+// above 10⁶ unless the strategy overcommits (an alert watches it).
+func MaxShareSum(t *rebalance.Table) uint64 {
+	var most uint64
+	for i := range t.Keys {
+		var s uint64
+		for _, v := range t.Keys[i].Shares {
+			s += uint64(v)
+		}
+		most = max(most, s)
+	}
+	return most
+}

@@ -1,0 +1,610 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/region"
+)
+
+// The policies the tests run under: api keys are budgeted under A and B
+// (at different limits), web keys only under B, and C budgets neither.
+const (
+	termPolicyA = `
+domains:
+  - domain: api
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: second, requests_per_unit: 1000, burst: 100}
+`
+	termPolicyB = `
+domains:
+  - domain: api
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: second, requests_per_unit: 500, burst: 50}
+  - domain: web
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 100, burst: 10}
+`
+	termPolicyC = `
+domains:
+  - domain: other
+    descriptors:
+      - key: x
+        rate_limit: {unit: second, requests_per_unit: 10, burst: 5}
+`
+)
+
+const (
+	keyAcme = "api/tenant=acme"
+	keyBeta = "api/tenant=beta"
+	keyWeb  = "web/user=u1"
+	keyNone = "nodomain/k=v" // no policy here has a rule for it
+)
+
+// t0 is the virtual start instant (µs); dt is Δ.
+const (
+	t0 = int64(1_000_000) * 5_000_000 // on an interval boundary
+	dt = int64(5_000_000)
+)
+
+// fataler is what the helpers need of *testing.T and *rapid.T.
+type fataler interface {
+	Helper()
+	Fatal(args ...any)
+}
+
+func termPolicy(t testing.TB, src string) *region.Policy {
+	t.Helper()
+	p, err := region.ParsePolicy([]byte(src))
+	if err != nil {
+		t.Fatalf("ParsePolicy: %v", err)
+	}
+	return p
+}
+
+func termConfig() CoordinatorConfig {
+	return CoordinatorConfig{
+		Coordinator: rebalance.DefaultConfig("eu", "us", "ap"),
+		MaxKeys:     100,
+		KeyIdle:     time.Minute,
+		Queue:       4,
+	}
+}
+
+// termReport is agent region/agent's report for the interval closed at now.
+func termReport(regionName, agent string, now int64, keys ...string) *rebalance.Report {
+	r := &rebalance.Report{Region: regionName, Agent: agent, Interval: now/dt - 1}
+	for _, k := range keys {
+		r.Keys = append(r.Keys, rebalance.KeyDemand{Key: k, Demand: rebalance.Demand{Offered: 50, OfferedCost: 50, Admitted: 50}})
+	}
+	return r
+}
+
+func newTestTerm(t testing.TB, cfg CoordinatorConfig, term uint64, stored *rebalance.Table, members []rebalance.Member, policy *region.Policy, now int64) *Term {
+	t.Helper()
+	tm, err := NewTerm(cfg, term, stored, members, policy, now)
+	if err != nil {
+		t.Fatalf("NewTerm: %v", err)
+	}
+	return tm
+}
+
+// storedTable is the first table a coordinator under term 1 stores for
+// budgets, naming members.
+func storedTable(t fataler, budgets []rebalance.Budget, members []rebalance.Member, now int64) *rebalance.Table {
+	t.Helper()
+	c, err := rebalance.NewCoordinator(rebalance.DefaultConfig("eu", "us", "ap"), budgets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MemberChange(members); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartTerm(1, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	r := c.Ready()
+	if len(r) == 0 {
+		t.Fatal("no first table")
+	}
+	return r[len(r)-1]
+}
+
+func tableKeys(tb *rebalance.Table) []string {
+	var out []string
+	for _, ks := range tb.Keys {
+		out = append(out, ks.Key)
+	}
+	return out
+}
+
+func row(tb *rebalance.Table, key string) *rebalance.KeyShares {
+	for i := range tb.Keys {
+		if tb.Keys[i].Key == key {
+			return &tb.Keys[i]
+		}
+	}
+	return nil
+}
+
+func TestTermKeyEntersOnFirstReport(t *testing.T) {
+	pa := termPolicy(t, termPolicyA)
+	tm := newTestTerm(t, termConfig(), 1, nil, nil, pa, t0)
+	if tb := tm.Unstored(); tb == nil || len(tb.Keys) != 0 {
+		t.Fatalf("first table %+v, want one with no keys", tb)
+	}
+	tm.Stored(tm.Unstored(), nil)
+
+	if a := tm.Report(termReport("eu", "a1", t0+dt, keyAcme, keyNone), 0, t0+dt); !a.Queued {
+		t.Fatal("report not queued")
+	}
+	if _, ok := tm.Budget(keyAcme); ok {
+		t.Fatal("key budgeted before the tick that observes its report")
+	}
+	tb := tm.Tick(t0 + dt)
+	b, ok := tm.Budget(keyAcme)
+	if !ok || b.Limit != gcra.New(1000, time.Second, 100) {
+		t.Fatalf("after the tick: budget %+v %v, want the policy's 1000/s burst 100", b, ok)
+	}
+	if _, ok := tm.Budget(keyNone); ok {
+		t.Errorf("%s budgeted: no rule names it", keyNone)
+	}
+	if s := tm.Stats(); s.Keys != 2 || s.Budgeted != 1 {
+		t.Errorf("stats %+v, want 2 keys heard of, 1 budgeted", s)
+	}
+	if tb == nil || row(tb, keyAcme) == nil {
+		t.Fatalf("the rebalance after the key entered: table %v, want it to budget %s", tb, keyAcme)
+	}
+	if row(tb, keyNone) != nil {
+		t.Errorf("table keys %v include the unbudgeted %s", tableKeys(tb), keyNone)
+	}
+}
+
+func TestTermIdleKeyLeavesAfterKeyIdle(t *testing.T) {
+	cfg := termConfig()
+	idle := cfg.KeyIdle.Microseconds()
+	pa := termPolicy(t, termPolicyA)
+	tm := newTestTerm(t, cfg, 1, nil, nil, pa, t0)
+	seen := t0 + dt
+	tm.Report(termReport("eu", "a1", seen, keyAcme), 0, seen)
+	tm.Tick(seen) // lastSeen is the tick's instant
+	tests := []struct {
+		at   int64
+		want bool
+	}{
+		{seen + dt, true},
+		{seen + idle - 1, true},
+		{seen + idle, true}, // exactly KeyIdle: still in
+		{seen + idle + 1, false},
+		{seen + idle + dt, false},
+	}
+	for _, tt := range tests {
+		tm.Tick(tt.at)
+		if _, ok := tm.Budget(keyAcme); ok != tt.want {
+			t.Fatalf("t0+%dµs (%dµs after last seen): budgeted %v, want %v", tt.at-t0, tt.at-seen, ok, tt.want)
+		}
+	}
+	if s := tm.Stats(); s.Keys != 0 || s.Budgeted != 0 {
+		t.Errorf("stats %+v after the key left", s)
+	}
+	// Reported again, it enters again.
+	again := seen + idle + 2*dt
+	tm.Report(termReport("eu", "a1", again, keyAcme), 0, again)
+	tm.Tick(again)
+	if _, ok := tm.Budget(keyAcme); !ok {
+		t.Error("key not budgeted again after a new report")
+	}
+}
+
+func TestTermReportRenewsIdle(t *testing.T) {
+	cfg := termConfig()
+	idle := cfg.KeyIdle.Microseconds()
+	tm := newTestTerm(t, cfg, 1, nil, nil, termPolicy(t, termPolicyA), t0)
+	tm.Report(termReport("eu", "a1", t0+dt, keyAcme), 0, t0+dt)
+	tm.Tick(t0 + dt)
+	tm.Report(termReport("us", "b1", t0+2*dt, keyAcme), 0, t0+2*dt)
+	tm.Tick(t0 + 2*dt)
+	tm.Tick(t0 + dt + idle + 1) // idle since the first report, not the second
+	if _, ok := tm.Budget(keyAcme); !ok {
+		t.Fatal("a key reported again left KeyIdle after its first report")
+	}
+	tm.Tick(t0 + 2*dt + idle + 1)
+	if _, ok := tm.Budget(keyAcme); ok {
+		t.Fatal("still budgeted KeyIdle after its last report")
+	}
+}
+
+func TestTermMaxKeysOverflow(t *testing.T) {
+	cfg := termConfig()
+	cfg.MaxKeys = 2
+	tm := newTestTerm(t, cfg, 1, nil, nil, termPolicy(t, termPolicyA), t0)
+	now := t0 + dt
+	tm.Report(termReport("eu", "a1", now, keyAcme, keyNone, keyBeta), 0, now)
+	tm.Report(termReport("us", "b1", now, keyBeta), 0, now)
+	tm.Tick(now)
+	if _, ok := tm.Budget(keyBeta); ok {
+		t.Error("the key beyond MaxKeys is budgeted")
+	}
+	if _, ok := tm.Budget(keyAcme); !ok {
+		t.Error("the key within MaxKeys is not budgeted")
+	}
+	// The unbudgeted keyNone takes room too: MaxKeys bounds entries.
+	if s := tm.Stats(); s.Keys != 2 || s.Budgeted != 1 || s.Overflow != 2 {
+		t.Errorf("stats %+v, want 2 keys, 1 budgeted, 2 overflows (one per report naming the key)", s)
+	}
+	ev := tm.Events()
+	if len(ev) != 1 || ev[0].Kind != EventOverflow || ev[0].N != 2 {
+		t.Errorf("events %+v, want one overflow of 2", ev)
+	}
+	if ev := tm.Events(); len(ev) != 0 {
+		t.Errorf("events not drained: %+v", ev)
+	}
+}
+
+func TestTermKeepsStoredBudgetWithoutRule(t *testing.T) {
+	webLimit := gcra.New(100, time.Second, 10)
+	stored := storedTable(t, []rebalance.Budget{
+		{Key: keyAcme, Limit: gcra.New(700, time.Second, 70)}, // the policy here says otherwise
+		{Key: keyWeb, Limit: webLimit},                        // no rule here: a policy ahead of this one
+	}, nil, t0)
+	stored.Keys = append(stored.Keys, rebalance.KeyShares{Key: keyNone}) // a row without a budget
+	tm := newTestTerm(t, termConfig(), 2, stored, nil, termPolicy(t, termPolicyA), t0+dt)
+	if b, ok := tm.Budget(keyWeb); !ok || b.Limit != webLimit {
+		t.Errorf("%s: budget %+v %v, want the stored table's %v", keyWeb, b, ok, webLimit)
+	}
+	if b, ok := tm.Budget(keyAcme); !ok || b.Limit != gcra.New(1000, time.Second, 100) {
+		t.Errorf("%s: budget %+v %v, want the policy's rule over the stored budget", keyAcme, b, ok)
+	}
+	if _, ok := tm.Budget(keyNone); ok {
+		t.Errorf("%s: budgeted, but neither a rule nor the stored row gives a budget", keyNone)
+	}
+	if s := tm.Stats(); s.Keys != 3 || s.Budgeted != 2 || !s.Learning {
+		t.Errorf("stats %+v, want 3 keys heard of, 2 budgeted, learning", s)
+	}
+	first := tm.Unstored()
+	if first == nil || first.Term != 2 || !slices.Equal(tableKeys(first), []string{keyAcme, keyWeb}) {
+		t.Fatalf("first table %+v, want term 2 republishing %s and %s", first, keyAcme, keyWeb)
+	}
+	if r := row(first, keyWeb); r.Budget != webLimit {
+		t.Errorf("republished %s under %v, want %v", keyWeb, r.Budget, webLimit)
+	}
+}
+
+func TestTermPolicyChangeReRules(t *testing.T) {
+	pa, pb, pc := termPolicy(t, termPolicyA), termPolicy(t, termPolicyB), termPolicy(t, termPolicyC)
+	tm := newTestTerm(t, termConfig(), 1, nil, nil, pa, t0)
+	now := t0 + dt
+	tm.Report(termReport("eu", "a1", now, keyAcme, keyWeb), 0, now)
+	tm.Tick(now)
+	if _, ok := tm.Budget(keyWeb); ok {
+		t.Fatal("web key budgeted under policy A")
+	}
+
+	tm.Policy(pb)
+	if b, ok := tm.Budget(keyAcme); !ok || b.Limit != gcra.New(500, time.Second, 50) {
+		t.Errorf("%s after B: %+v %v, want B's 500/s", keyAcme, b, ok)
+	}
+	if b, ok := tm.Budget(keyWeb); !ok || b.Limit != gcra.New(100, time.Second, 10) {
+		t.Errorf("%s after B: %+v %v, want B's 100/s", keyWeb, b, ok)
+	}
+	now += dt
+	tm.Report(termReport("eu", "a1", now, keyAcme, keyWeb), 0, now)
+	tb := tm.Tick(now)
+	if tb == nil || tb.PolicyVersion != pb.Version() {
+		t.Fatalf("table after B: %+v, want B's version %s", tb, pb.Version())
+	}
+	if r := row(tb, keyAcme); r == nil || r.Budget != gcra.New(500, time.Second, 50) {
+		t.Errorf("table row %+v, want %s under B's limit", r, keyAcme)
+	}
+	if r := row(tb, keyWeb); r == nil {
+		t.Errorf("table keys %v lack %s, budgeted under B", tableKeys(tb), keyWeb)
+	}
+	tm.Stored(tb, nil)
+
+	tm.Policy(pb) // the same snapshot again: nothing to do
+	if ev := tm.Events(); len(ev) != 0 {
+		t.Errorf("events %+v", ev)
+	}
+
+	tm.Policy(pc)
+	if s := tm.Stats(); s.Keys != 2 || s.Budgeted != 0 {
+		t.Errorf("stats after C %+v, want both keys heard of, none budgeted", s)
+	}
+	now += dt
+	if tb := tm.Tick(now); tb == nil || len(tb.Keys) != 0 || tb.PolicyVersion != pc.Version() {
+		t.Errorf("table after C: %+v, want no keys under C's version", tb)
+	}
+}
+
+func TestTermDeposedByStoredTerm(t *testing.T) {
+	pa := termPolicy(t, termPolicyA)
+	stored := storedTable(t, nil, nil, t0)
+	stored.Term = 5
+	for _, term := range []uint64{4, 5} {
+		if _, err := NewTerm(termConfig(), term, stored, nil, pa, t0); !errors.Is(err, ErrDeposed) {
+			t.Errorf("term %d over a stored term 5: %v, want ErrDeposed", term, err)
+		}
+	}
+	tm := newTestTerm(t, termConfig(), 6, stored, nil, pa, t0)
+	if tb := tm.Unstored(); tb == nil || tb.Term != 6 || tb.Epoch <= stored.Epoch {
+		t.Errorf("term 6's first table %+v, want term 6 after epoch %d", tb, stored.Epoch)
+	}
+}
+
+func TestTermUnstoredUntilStored(t *testing.T) {
+	tm := newTestTerm(t, termConfig(), 1, nil, nil, termPolicy(t, termPolicyA), t0)
+	first := tm.Unstored()
+	if first == nil {
+		t.Fatal("no first table")
+	}
+	if err := tm.Stored(first, errors.New("nats: timeout")); err != nil {
+		t.Fatalf("a failed store: %v, want nil (retry)", err)
+	}
+	if got := tm.Tick(t0 + 1); got != first {
+		t.Fatalf("tick after a failed store returned %v, want the first table again", got)
+	}
+	if got := tm.Tick(t0 + 2); got != first {
+		t.Fatalf("second retry returned %v, want the first table again", got)
+	}
+	// A newer table supersedes the unstored one.
+	now := t0 + dt
+	tm.Report(termReport("eu", "a1", now, keyAcme), 0, now)
+	second := tm.Tick(now)
+	if second == nil || second == first || second.Epoch <= first.Epoch {
+		t.Fatalf("the rebalance returned %v, want a newer table than epoch %d", second, first.Epoch)
+	}
+	// An answer about an older table does not clear the newer one.
+	if err := tm.Stored(first, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := tm.Unstored(); got != second {
+		t.Fatalf("unstored %v after an old table's answer, want the newer one", got)
+	}
+	if err := tm.Stored(second, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := tm.Tick(now + 1); got != nil {
+		t.Fatalf("tick after the store took the table returned %+v, want nil", got)
+	}
+	// Fenced: the term is over.
+	next := tm.Tick(now + dt)
+	if next == nil {
+		// No new shares: renewal comes later; force one by a new key.
+		tm.Report(termReport("eu", "a1", now+2*dt, keyBeta), 0, now+2*dt)
+		next = tm.Tick(now + 2*dt)
+	}
+	if next == nil {
+		t.Fatal("no later table to fence")
+	}
+	if err := tm.Stored(next, fmt.Errorf("store: %w (term 1 epoch %d)", ErrFenced, next.Epoch)); !errors.Is(err, ErrDeposed) {
+		t.Fatalf("fenced store: %v, want ErrDeposed", err)
+	}
+	if got := tm.Tick(now + 10*dt); got != nil {
+		t.Errorf("a deposed term returned table %+v", got)
+	}
+}
+
+func TestTermMembersBeforeStart(t *testing.T) {
+	pa := termPolicy(t, termPolicyA)
+	live := []rebalance.Member{{Region: "eu", Agent: "a1"}, {Region: "eu", Agent: "a2"}, {Region: "us", Agent: "b1"}}
+	want := map[string][]string{"eu": {"a1", "a2"}, "us": {"b1"}}
+	agents := func(tb *rebalance.Table) map[string][]string {
+		out := map[string][]string{}
+		for i, r := range tb.Regions {
+			if len(tb.Agents[i]) > 0 {
+				out[r] = tb.Agents[i]
+			}
+		}
+		return out
+	}
+	tm := newTestTerm(t, termConfig(), 1, nil, live, pa, t0)
+	if got := agents(tm.Unstored()); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("fresh cluster: first table names %v, want the live agents %v", got, want)
+	}
+
+	// From a stored table: its agents and the live ones.
+	stored := storedTable(t, nil, []rebalance.Member{{Region: "ap", Agent: "c1"}}, t0)
+	tm = newTestTerm(t, termConfig(), 2, stored, live, pa, t0+dt)
+	want["ap"] = []string{"c1"}
+	if got := agents(tm.Unstored()); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("from a stored table: first table names %v, want %v", got, want)
+	}
+
+	// A list the core refuses is reported, and not offered again.
+	tm.Members([]rebalance.Member{{Region: "mars", Agent: "m1"}})
+	if ev := tm.Events(); len(ev) != 1 || ev[0].Kind != EventMembers || !errors.Is(ev[0].Err, rebalance.ErrUnknownRegion) {
+		t.Errorf("events %+v, want one refused membership", ev)
+	}
+	tm.Members([]rebalance.Member{{Region: "mars", Agent: "m1"}})
+	if ev := tm.Events(); len(ev) != 0 {
+		t.Errorf("the same refused list again: events %+v", ev)
+	}
+}
+
+func TestTermReportQueueAndSkew(t *testing.T) {
+	cfg := termConfig()
+	cfg.Queue = 1 // × 3 regions
+	tm := newTestTerm(t, cfg, 1, nil, nil, termPolicy(t, termPolicyA), t0)
+	now := t0 + dt
+	for i, tt := range []struct {
+		sent       int64
+		wantQueued bool
+		wantSkew   int64
+		wantKnown  bool
+	}{
+		{now + 1500, true, 1500, true},
+		{now - 20_000, true, -20_000, true},
+		{0, true, 0, false},
+		{now, false, 0, true},
+	} {
+		a := tm.Report(termReport("eu", fmt.Sprintf("a%d", i), now, keyAcme), tt.sent, now)
+		if a.Queued != tt.wantQueued || a.Skew != tt.wantSkew || a.SkewKnown != tt.wantKnown {
+			t.Errorf("report %d: %+v, want queued %v skew %d known %v", i, a, tt.wantQueued, tt.wantSkew, tt.wantKnown)
+		}
+	}
+	if s := tm.Stats(); s.Pending != 3 || s.Dropped != 1 {
+		t.Errorf("stats %+v, want 3 pending, 1 dropped", s)
+	}
+	tm.Tick(now)
+	if s := tm.Stats(); s.Pending != 0 {
+		t.Errorf("pending %d after the tick observed them", s.Pending)
+	}
+}
+
+func TestTermRefusedReportsAndAcks(t *testing.T) {
+	tm := newTestTerm(t, termConfig(), 1, nil, nil, termPolicy(t, termPolicyA), t0)
+	now := t0 + dt
+	tm.Report(termReport("mars", "m1", now, keyAcme), 0, now) // unknown region: reported
+	tm.Report(termReport("eu", "a1", now, keyAcme), 0, now)
+	tm.Report(termReport("eu", "a1", now, keyAcme), 0, now) // repeated interval: routine, not reported
+	tm.Tick(now)
+	ev := tm.Events()
+	if len(ev) != 1 || ev[0].Kind != EventReportRefused || !errors.Is(ev[0].Err, rebalance.ErrUnknownRegion) {
+		t.Errorf("events %+v, want the unknown region's report refused", ev)
+	}
+	if err := tm.Ack("mars", "m1", 1, 1); !errors.Is(err, rebalance.ErrUnknownRegion) {
+		t.Errorf("ack from an unknown region: %v", err)
+	}
+	if err := tm.Ack("eu", "a1", 1, 1); err != nil {
+		t.Errorf("ack: %v", err)
+	}
+}
+
+func TestTermConfigValidate(t *testing.T) {
+	cfg := termConfig()
+	cfg.MaxKeys, cfg.KeyIdle, cfg.Queue = 0, time.Second, 0
+	err := cfg.Validate()
+	for _, want := range []string{"max keys", "key idle", "queue"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v, want a problem with %s", err, want)
+		}
+	}
+	if _, err := NewTerm(cfg, 1, nil, nil, termPolicy(t, termPolicyA), t0); err == nil {
+		t.Error("NewTerm accepted a bad config")
+	}
+}
+
+// TestTermProperties drives a term with random reports, acks, ticks,
+// store outcomes, membership and policy changes, and checks every new
+// table Tick returns: Σ shares ≤ 10⁶ ppm per key, only budgeted keys,
+// keys sorted, the term's own; and the term's entries within MaxKeys.
+func TestTermProperties(t *testing.T) {
+	policies := []*region.Policy{termPolicy(t, termPolicyA), termPolicy(t, termPolicyB), termPolicy(t, termPolicyC)}
+	keyPool := []string{keyAcme, keyBeta, keyWeb, keyNone, "api/tenant=c", "web/user=u2", "other/x=1", "api/tenant=d"}
+	agentPool := []rebalance.Member{
+		{Region: "eu", Agent: "a1"}, {Region: "eu", Agent: "a2"}, {Region: "us", Agent: "b1"}, {Region: "ap", Agent: "c1"},
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		cfg := termConfig()
+		cfg.MaxKeys = rapid.IntRange(1, 6).Draw(rt, "maxKeys")
+		cfg.KeyIdle = time.Duration(rapid.IntRange(1, 4).Draw(rt, "idleIntervals")) * cfg.Coordinator.Interval
+		cfg.Queue = rapid.IntRange(1, 3).Draw(rt, "queue")
+		now := t0
+		var stored *rebalance.Table
+		storedRows := 0
+		if rapid.Bool().Draw(rt, "stored") {
+			stored = storedTable(rt, []rebalance.Budget{
+				{Key: keyAcme, Limit: gcra.New(700, time.Second, 70)},
+				{Key: "gone/k=v", Limit: gcra.New(50, time.Second, 5)},
+			}, agentPool[:1], now)
+			storedRows = len(stored.Keys)
+			now += dt
+		}
+		var live []rebalance.Member
+		if rapid.Bool().Draw(rt, "membership") {
+			live = []rebalance.Member{}
+		}
+		policy := policies[rapid.IntRange(0, len(policies)-1).Draw(rt, "policy")]
+		tm, err := NewTerm(cfg, 2, stored, live, policy, now)
+		if err != nil {
+			rt.Fatalf("NewTerm: %v", err)
+		}
+		seen := map[*rebalance.Table]bool{}
+		check := func(tb *rebalance.Table, what string) {
+			if tb == nil || seen[tb] {
+				return
+			}
+			seen[tb] = true
+			if tb.Term != 2 {
+				rt.Fatalf("%s: table term %d, want 2", what, tb.Term)
+			}
+			if s := MaxShareSum(tb); s > 1_000_000 {
+				rt.Fatalf("%s: epoch %d: Σ shares %d ppm > 10⁶", what, tb.Epoch, s)
+			}
+			keys := tableKeys(tb)
+			if !slices.IsSorted(keys) {
+				rt.Fatalf("%s: keys not sorted: %v", what, keys)
+			}
+			for _, k := range keys {
+				if _, ok := tm.Budget(k); !ok {
+					rt.Fatalf("%s: epoch %d names %s, which is not budgeted", what, tb.Epoch, k)
+				}
+			}
+		}
+		check(tm.Unstored(), "first table")
+		store := func(tb *rebalance.Table) {
+			if tb == nil {
+				return
+			}
+			var err error
+			if rapid.IntRange(0, 3).Draw(rt, "storeFails") == 0 {
+				err = errors.New("timeout")
+			}
+			if derr := tm.Stored(tb, err); derr != nil {
+				rt.Fatalf("Stored: %v", derr)
+			}
+		}
+		store(tm.Unstored())
+		steps := rapid.IntRange(1, 60).Draw(rt, "steps")
+		for range steps {
+			switch rapid.IntRange(0, 5).Draw(rt, "action") {
+			case 0, 1: // a report
+				a := rapid.SampledFrom(agentPool).Draw(rt, "agent")
+				ks := rapid.SliceOfNDistinct(rapid.SampledFrom(keyPool), 0, 4, rapid.ID[string]).Draw(rt, "keys")
+				tm.Report(termReport(a.Region, a.Agent, now, ks...), now, now)
+			case 2: // an ack of the latest table
+				a := rapid.SampledFrom(agentPool).Draw(rt, "ackAgent")
+				if err := tm.Ack(a.Region, a.Agent, 2, rapid.Uint64Range(0, 20).Draw(rt, "ackEpoch")); err != nil {
+					rt.Fatalf("Ack: %v", err)
+				}
+			case 3: // a policy reload
+				tm.Policy(policies[rapid.IntRange(0, len(policies)-1).Draw(rt, "reload")])
+			case 4: // membership
+				if live != nil {
+					live = rapid.SliceOfDistinct(rapid.SampledFrom(agentPool), func(m rebalance.Member) string { return m.Region + "/" + m.Agent }).Draw(rt, "live")
+					slices.SortFunc(live, func(x, y rebalance.Member) int {
+						if x.Region != y.Region {
+							return strings.Compare(x.Region, y.Region)
+						}
+						return strings.Compare(x.Agent, y.Agent)
+					})
+					tm.Members(live)
+				}
+			case 5: // time passes
+				now += rapid.Int64Range(0, 2*dt).Draw(rt, "advance")
+			}
+			tb := tm.Tick(now)
+			check(tb, "tick")
+			store(tb)
+			for _, e := range tm.Events() {
+				if e.Kind != EventOverflow {
+					rt.Fatalf("event %v: %v", e.Kind, e.Err)
+				}
+			}
+			if s := tm.Stats(); s.Keys > max(cfg.MaxKeys, storedRows) || s.Budgeted > s.Keys {
+				rt.Fatalf("stats %+v: more entries than MaxKeys %d (stored rows %d)", s, cfg.MaxKeys, storedRows)
+			}
+		}
+	})
+}
