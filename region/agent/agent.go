@@ -129,6 +129,12 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	}
 	a.policyAt = policyDigest(cfg.Policy)
 	a.loadPolicy = region.LoadPolicy
+	// The node's policy was read before this digest: if what the path
+	// holds now is another policy, or a broken one (edited in between),
+	// forget the digest so that the first poll reloads it (or reports it).
+	if p, err := a.loadPolicy(cfg.Policy, cfg.PolicyOptions.LoadOptions()); err == nil && p.Version() != node.Policy().Version() || errors.Is(err, region.ErrPolicy) {
+		a.policyAt = [32]byte{}
+	}
 	a.pool.New = func() any { return new(work) }
 	a.tracer = noop.NewTracerProvider().Tracer("meridian/agent")
 	a.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
