@@ -382,7 +382,16 @@ func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest)
 		out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	for i := range in.Descriptors {
-		out.Statuses = append(out.Statuses, rlsStatus(w.d.MatchOf(i)))
+		m := w.d.MatchOf(i)
+		st := rlsStatus(m)
+		if m == nil && i < len(w.req.Descriptors) {
+			// An unlimited descriptor: no limit, everything remaining,
+			// as envoyproxy/ratelimit answers it.
+			if r := a.node.Policy().Match(w.req.Domain, w.req.Descriptors[i].Entries); r != nil && r.Unlimited {
+				st.LimitRemaining = math.MaxUint32
+			}
+		}
+		out.Statuses = append(out.Statuses, st)
 	}
 	if a.cfg.ResponseHeaders {
 		for _, h := range headerFields(&w.d) {

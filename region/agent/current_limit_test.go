@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"testing"
 
@@ -92,5 +93,46 @@ descriptors:
 				t.Errorf("RateLimit-Policy %q, want %q", got, tt.wantPolicy)
 			}
 		})
+	}
+}
+
+// An unlimited descriptor answers OK with limit_remaining 4294967295 and no
+// current_limit, as envoyproxy/ratelimit answers it; one that matches no
+// limit (the allow-list idiom) answers a bare OK.
+//
+// Fails on f96aee6: the unlimited descriptor answered a bare OK
+// (limit_remaining 0), which a client reading /json or the RLS answer
+// takes for a limit with nothing left.
+func TestUnlimitedAnswersMaxRemaining(t *testing.T) {
+	const policy = `domain: u
+descriptors:
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: src
+    value: internal
+  - key: src
+    rate_limit: {unit: hour, requests_per_unit: 1}
+`
+	ms, err := memstore.New(memstore.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Agent, cfg.Regions = "eu", "eu-1", []string{"eu"}
+	cfg.Policy = filepath.Join(t.TempDir(), "policy.yaml")
+	a, err := New(cfg, regiontest.Node(t, policy, ms), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "u",
+		Descriptors: []*commonv3.RateLimitDescriptor{desc(nil, "free", "x"), desc(nil, "src", "internal"), desc(nil, "nothing", "x")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []uint32{math.MaxUint32, 0, 0} {
+		st := resp.Statuses[i]
+		if st.Code != rlsv3.RateLimitResponse_OK || st.CurrentLimit != nil || st.LimitRemaining != want {
+			t.Errorf("status %d = %v, want OK, no current_limit, limit_remaining %d", i, st, want)
+		}
 	}
 }
