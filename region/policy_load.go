@@ -293,29 +293,50 @@ const maxBisectLines = 4000
 // firstBadLine returns the first line n such that lines 1..n fail to parse
 // with the complaint what, or 0. A prefix can fail where the whole file
 // does not only by being cut (an open flow collection or quoted string),
-// and then its complaint differs.
+// and then its complaint differs. The prefixes before the mistake parse
+// (or fail otherwise) and those from it on fail with its complaint, so a
+// binary search finds the line in O(log n) parses, not one per line.
 func firstBadLine(data []byte, what string) int {
 	lines := bytes.SplitAfter(data, []byte("\n"))
 	if len(lines) > maxBisectLines {
 		return 0
 	}
-	var prefix []byte
+	ends := make([]int, len(lines)) // ends[i]: the length of lines 1..i+1
 	for i, l := range lines {
-		prefix = append(prefix, l...)
-		dec := yaml.NewDecoder(bytes.NewReader(prefix))
-		for {
-			var n yaml.Node
-			err := dec.Decode(&n)
-			if err == nil {
-				continue
-			}
-			if !errors.Is(err, io.EOF) {
-				if m := yamlLine.FindStringSubmatch(err.Error()); m != nil && err.Error()[len(m[0]):] == what {
-					return i + 1
-				}
-			}
-			break
+		ends[i] = len(l)
+		if i > 0 {
+			ends[i] += ends[i-1]
 		}
 	}
-	return 0
+	if len(lines) == 0 || !prefixFails(data[:ends[len(ends)-1]], what) {
+		return 0
+	}
+	lo, hi := 0, len(lines)-1 // the answer is in lines[lo..hi] (0-based)
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if prefixFails(data[:ends[mid]], what) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo + 1
+}
+
+// prefixFails reports whether prefix fails to parse with the complaint
+// what (a variable so that a test counts the parses).
+var prefixFails = func(prefix []byte, what string) bool {
+	dec := yaml.NewDecoder(bytes.NewReader(prefix))
+	for {
+		var n yaml.Node
+		err := dec.Decode(&n)
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, io.EOF) {
+			return false
+		}
+		m := yamlLine.FindStringSubmatch(err.Error())
+		return m != nil && err.Error()[len(m[0]):] == what
+	}
 }

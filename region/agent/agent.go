@@ -129,6 +129,12 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	}
 	a.policyAt = policyDigest(cfg.Policy)
 	a.loadPolicy = region.LoadPolicy
+	// The node's policy was read before this digest: if what the path
+	// holds now is another policy, or a broken one (edited in between),
+	// forget the digest so that the first poll reloads it (or reports it).
+	if p, err := a.loadPolicy(cfg.Policy, cfg.PolicyOptions.LoadOptions()); err == nil && p.Version() != node.Policy().Version() || errors.Is(err, region.ErrPolicy) {
+		a.policyAt = [32]byte{}
+	}
 	a.pool.New = func() any { return new(work) }
 	a.tracer = noop.NewTracerProvider().Tracer("meridian/agent")
 	a.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -376,7 +382,16 @@ func (a *Agent) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest)
 		out.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	for i := range in.Descriptors {
-		out.Statuses = append(out.Statuses, rlsStatus(w.d.MatchOf(i)))
+		m := w.d.MatchOf(i)
+		st := rlsStatus(m)
+		if m == nil && i < len(w.req.Descriptors) {
+			// An unlimited descriptor: no limit, everything remaining,
+			// as envoyproxy/ratelimit answers it.
+			if r := a.node.Policy().Match(w.req.Domain, w.req.Descriptors[i].Entries); r != nil && r.Unlimited {
+				st.LimitRemaining = math.MaxUint32
+			}
+		}
+		out.Statuses = append(out.Statuses, st)
 	}
 	if a.cfg.ResponseHeaders {
 		for _, h := range headerFields(&w.d) {
@@ -513,7 +528,7 @@ func rlsStatus(m *region.Match) *rlsv3.RateLimitResponse_DescriptorStatus {
 		return st
 	}
 	r := &m.Result
-	st.CurrentLimit = currentLimit(m.Rule.Limit)
+	st.CurrentLimit = ruleLimit(m.Rule)
 	st.LimitRemaining = uint32(min(max(r.Remaining, 0), math.MaxUint32))
 	if !over(m) {
 		st.DurationUntilReset = durationpb.New(r.ResetAfter)
@@ -533,38 +548,74 @@ func over(m *region.Match) bool {
 	return !m.Rule.Shadow && m.Denied()
 }
 
-// currentLimit expresses a limit in RLS units: its rate per its period when
-// that is a second, minute, hour or day; otherwise per the smallest of those
-// that holds the period, scaled (rounded down).
+// rlsUnits are the RLS units, shortest first, with the durations
+// envoyproxy/ratelimit gives them (a week of 7 days, a month of 30, a year
+// of 365: region's units).
+var rlsUnits = []struct {
+	name string
+	d    time.Duration
+	u    rlsv3.RateLimitResponse_RateLimit_Unit
+}{
+	{"second", time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
+	{"minute", time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+	{"hour", time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
+	{"day", 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+	{"week", 7 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_WEEK},
+	{"month", 30 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_MONTH},
+	{"year", 365 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR},
+}
+
+// zeroLimitUnit is the RLS unit (and its duration) a zero limit
+// (requests_per_unit: 0) names: the rule's unit, or a second when it gives
+// a period instead.
+func zeroLimitUnit(r *region.Rule) (rlsv3.RateLimitResponse_RateLimit_Unit, time.Duration) {
+	for _, u := range rlsUnits {
+		if u.name == r.Unit {
+			return u.u, u.d
+		}
+	}
+	return rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second
+}
+
+// ruleLimit is current_limit for a matched rule: its limit in RLS units,
+// and for the zero limit 0 per the rule's unit, as envoyproxy/ratelimit
+// answers requests_per_unit: 0 (the zero limit has no interval to convert).
+func ruleLimit(r *region.Rule) *rlsv3.RateLimitResponse_RateLimit {
+	if r.Limit.IsZero() {
+		u, _ := zeroLimitUnit(r)
+		return &rlsv3.RateLimitResponse_RateLimit{Unit: u}
+	}
+	return currentLimit(r.Limit)
+}
+
+// currentLimit expresses a limit in RLS units: its rate per the smallest
+// unit (second … year) that holds its period, scaled (rounded down; past a
+// year, per year and at least 1, since 0 reads as block-all).
 func currentLimit(l gcra.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	events, period := l.Rate()
 	if period <= 0 {
 		// Built from an interval: per second from T.
 		events, period = int64(time.Second)/max(int64(l.Interval()), 1), time.Second
 	}
-	units := []struct {
-		d time.Duration
-		u rlsv3.RateLimitResponse_RateLimit_Unit
-	}{
-		{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
-		{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
-		{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
-		{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
-	}
-	for _, u := range units {
-		if period <= u.d {
-			// events · (u.d / period) without overflow: 128-bit product.
-			hi, lo := bits.Mul64(uint64(events), uint64(u.d))
-			n := uint64(math.MaxUint32)
-			if hi < uint64(period) {
-				if q, _ := bits.Div64(hi, lo, uint64(period)); q < n {
-					n = q
-				}
-			}
-			return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(n), Unit: u.u}
+	u := rlsUnits[len(rlsUnits)-1]
+	for _, c := range rlsUnits {
+		if period <= c.d {
+			u = c
+			break
 		}
 	}
-	return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(min(events, math.MaxUint32)), Unit: rlsv3.RateLimitResponse_RateLimit_DAY}
+	// events · (u.d / period) without overflow: 128-bit product.
+	hi, lo := bits.Mul64(uint64(events), uint64(u.d))
+	n := uint64(math.MaxUint32)
+	if hi < uint64(period) {
+		if q, _ := bits.Div64(hi, lo, uint64(period)); q < n {
+			n = q
+		}
+	}
+	if n == 0 && events > 0 {
+		n = 1
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(n), Unit: u.u}
 }
 
 // The HTTP API's types live in region/agent/api, for the client.

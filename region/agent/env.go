@@ -452,13 +452,15 @@ func (e *envReader) redis(c *Config, environ []string, out *EnvConfig) {
 	badURL := func(_, format string, a ...any) { e.bad("REDIS_URL", format, a...) }
 	addr := func(s string) string {
 		s = strings.TrimSpace(s)
+		if strings.Contains(s, "@") {
+			// user:password@host with or without the scheme: never
+			// quoted in an error (bad masks it).
+			e.bad("REDIS_URL", "credentials in the URL: put them in REDIS_AUTH (\"password\" or \"user:password\"), which is never logged")
+			return ""
+		}
 		rest, isURL := strings.CutPrefix(s, "redis://")
 		if !isURL {
 			return s
-		}
-		if strings.Contains(rest, "@") {
-			e.bad("REDIS_URL", "credentials in the URL: put them in REDIS_AUTH (\"password\" or \"user:password\"), which is never logged")
-			return ""
 		}
 		host, db, hasDB := strings.Cut(rest, "/")
 		if hasDB && db != "" {

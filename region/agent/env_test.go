@@ -192,6 +192,15 @@ func TestFromEnvRefuses(t *testing.T) {
 		{"a prefix with a brace", map[string]string{"REDIS_URL": "r:1", "CACHE_KEY_PREFIX": "{rl}"}, []string{`$CACHE_KEY_PREFIX="{rl}"`}},
 		{"secrets stay out of errors", map[string]string{"REDIS_URL": "redis://u:hunter2@r:1", "REDIS_AUTH": "user:hunter2", "REDIS_SENTINEL_AUTH": "hunter2"}, []string{
 			`$REDIS_URL="redis://*****@r:1": credentials in the URL`, `$REDIS_SENTINEL_AUTH (value not shown)`}},
+		// Fails on f96aee6: without the redis:// scheme the address was
+		// checked as host:port and the error quoted it whole, password
+		// included ("u:hunter2@r:1": want host:port).
+		{"credentials without the scheme", map[string]string{"REDIS_URL": "u:hunter2@r:1"}, []string{
+			`$REDIS_URL="redis://*****@r:1": credentials in the URL`}},
+		{"credentials in a Sentinel address", map[string]string{"REDIS_TYPE": "sentinel", "REDIS_URL": "m,u:hunter2@s1:26379"}, []string{
+			`credentials in the URL`}},
+		{"credentials in a Cluster seed", map[string]string{"REDIS_TYPE": "cluster", "REDIS_URL": "a:1,:hunter2@b:2"}, []string{
+			`credentials in the URL`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

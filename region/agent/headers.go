@@ -38,7 +38,11 @@ func headerFields(d *region.Decision) [][2]string {
 		name = m.Rule.Path
 	}
 	events, period := m.Rule.Limit.Rate()
-	if period <= 0 {
+	if m.Rule.Limit.IsZero() {
+		// requests_per_unit: 0: no events per the rule's unit (the zero
+		// limit has no interval).
+		_, period = zeroLimitUnit(m.Rule)
+	} else if period <= 0 {
 		events, period = int64(time.Second/max(m.Rule.Limit.Interval(), 1)), time.Second
 	}
 	reset := m.Result.ResetAfter

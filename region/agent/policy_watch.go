@@ -30,7 +30,8 @@ func (o PolicyOptions) LoadOptions() region.LoadOptions {
 
 // policyDigest is a content hash of what the policy path holds, for
 // polling: a file's bytes, or a directory's whole tree — every entry's
-// name, every symbolic link's target and every file's bytes, in name order
+// name, every symbolic link's target and every regular file's bytes (of
+// anything else, such as a FIFO, its type only), in name order
 // (os.ReadDir sorts), following links. It changes when any file in the
 // directory is edited, added or removed, and when a link is swapped to
 // another tree (upstream's RUNTIME_WATCH_ROOT layout, a Kubernetes
@@ -68,6 +69,12 @@ func digestTree(h hash.Hash, path, rel string, depth int, visited map[string]boo
 	fi, err := os.Stat(path) // follows links
 	if err != nil {
 		field('e', err.Error())
+		return
+	}
+	if !fi.IsDir() && !fi.Mode().IsRegular() {
+		// A FIFO, socket or device: LoadPolicy skips it, and opening a
+		// FIFO blocks until a writer comes. Its type is all that counts.
+		field('m', fi.Mode().Type().String())
 		return
 	}
 	if !fi.IsDir() {

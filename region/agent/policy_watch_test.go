@@ -217,3 +217,52 @@ func metricValue(t *testing.T, a *Agent, name string) float64 {
 	}
 	return -1
 }
+
+// The policy the node was built with was read before New: an edit in
+// between (cmd loads the policy, then waits up to 2 s for Redis) must
+// still be picked up by the first poll.
+//
+// Fails on f96aee6: New took the digest of the file as it was then, so an
+// edit made after the policy was read and before New was never loaded
+// (the polls compared against the edited content and saw no change) until
+// the file changed again.
+func TestPolicyEditedBeforeNewIsReloaded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, path, ratePolicy(5))
+	pol, err := region.LoadPolicy(path, region.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, path, ratePolicy(7)) // edited after the read, before New
+	node, err := region.NewNode(region.DefaultConfig("eu", "eu-1", "eu"), pol, regiontest.RedisStore(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy = "eu", "eu-1", []string{"eu"}, path
+	a, err := New(cfg, node, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.policyChanged() {
+		t.Fatal("policyChanged is false: the edit made before New would never be loaded")
+	}
+	if err := a.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := node.Policy().Version(), mustLoad(t, path).Version(); got != want {
+		t.Errorf("policy %s after the reload, want the edited file's %s", got, want)
+	}
+	if a.policyChanged() {
+		t.Error("policyChanged still true after the reload")
+	}
+}
+
+func mustLoad(t *testing.T, path string) *region.Policy {
+	t.Helper()
+	p, err := region.LoadPolicy(path, region.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
