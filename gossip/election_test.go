@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
+	"github.com/meridian-quota/meridian/gossip/protocol"
 	"github.com/meridian-quota/meridian/internal/natstest"
 )
 
@@ -236,7 +237,7 @@ func TestElectionRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := parseLeader(e.Value())
+	r, err := protocol.ParseLeaderRecord(e.Value())
 	if err != nil || r.Holder != "eu/a" || r.Term != term || r.ExpiresUS <= r.SinceUS {
 		t.Fatalf("record %s: %+v, %v", e.Value(), r, err)
 	}
@@ -265,8 +266,8 @@ func TestElectionRecord(t *testing.T) {
 	ref2.mu.Unlock()
 
 	for _, bad := range []string{``, `[]`, `{"v":2,"term":1,"holder":"x","since_us":1,"expires_us":2}`, `{"v":1,"term":1,"holder":"x\u0000","since_us":1,"expires_us":2}`, `{"v":1,"term":1,"holder":"x","since_us":0,"expires_us":2}`} {
-		if _, err := parseLeader([]byte(bad)); err == nil {
-			t.Errorf("parseLeader(%s): nil error", bad)
+		if _, err := protocol.ParseLeaderRecord([]byte(bad)); err == nil {
+			t.Errorf("ParseLeaderRecord(%s): nil error", bad)
 		}
 	}
 }
