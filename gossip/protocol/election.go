@@ -158,7 +158,9 @@ type KVOp struct {
 	Rev   uint64 // OpUpdate: the revision the key must still have
 	// Until is a monotonic time in µs. OpWait: when to Step again.
 	// OpRead, OpCreate, OpUpdate: when to give up on the call and report
-	// it failed (its outcome then unknown).
+	// it failed (its outcome then unknown). The shell must answer by
+	// then: a leader notices its deadline only when it steps, so a call
+	// left hanging past Until stretches its belief that it leads.
 	Until int64
 }
 
@@ -431,6 +433,12 @@ func (c *Candidate) afterRenew(now Clocks, res KVResult) (KVOp, []ElectionEvent)
 		return c.waitRenew(now), []ElectionEvent{{Kind: OpFailed, Term: c.rec.Term, Why: "renew", Err: res.Err}}
 	}
 	c.rec, c.rev, c.deadline = c.pending, res.Rev, c.sent+c.ttl
+	if now.Mono >= c.deadline {
+		// Written, but answered a whole TTL after it was sent: the
+		// record it wrote has lapsed already.
+		ev := c.depose(WhyNotRenewed)
+		return c.waitPoll(now), []ElectionEvent{ev}
+	}
 	return c.waitRenew(now), nil
 }
 

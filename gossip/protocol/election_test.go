@@ -346,10 +346,19 @@ func TestCandidateDeposedAtDeadline(t *testing.T) {
 	})
 	t.Run("by a late failure", func(t *testing.T) {
 		c, _ := setup(t)
-		op, _ := c.Step(at(tRenew), KVResult{})
+		if op, _ := c.Step(at(tRenew), KVResult{}); op.Kind != OpUpdate {
+			t.Fatalf("op %v, want a renewal", op.Kind)
+		}
 		_, evs := c.Step(at(tTTL), KVResult{Err: context.DeadlineExceeded})
 		wantEvents(t, "renewal failing at the deadline", evs, "deposed 1 (not renewed in time)")
-		_ = op
+	})
+	t.Run("by a success a whole TTL after it was sent", func(t *testing.T) {
+		// Only a shell that answers after the op's deadline delivers
+		// this; the record it wrote has lapsed already.
+		c, kv := setup(t)
+		op, _ := c.Step(at(tRenew), KVResult{})
+		_, evs := c.Step(at(tRenew+tTTL), perform(kv, op))
+		wantEvents(t, "renewal answered a TTL late", evs, "deposed 1 (not renewed in time)")
 	})
 	t.Run("a success moves the deadline", func(t *testing.T) {
 		c, kv := setup(t)
