@@ -175,12 +175,12 @@ type KVResult struct {
 	Err error
 }
 
-// EventKind says what an ElectionEvent reports.
-type EventKind uint8
+// ElectionEventKind says what an ElectionEvent reports.
+type ElectionEventKind uint8
 
 const (
 	// Elected: this candidate leads Term, from the record at Rev.
-	Elected EventKind = iota + 1
+	Elected ElectionEventKind = iota + 1
 	// Deposed: this candidate no longer leads Term, because Why.
 	Deposed
 	// LostRace: another candidate took Term first (compare-and-set lost).
@@ -200,17 +200,17 @@ const (
 
 var eventNames = [...]string{Elected: "elected", Deposed: "deposed", LostRace: "lost race", WonTooLate: "won too late", BadRecord: "bad record", OpFailed: "op failed"}
 
-func (k EventKind) String() string {
+func (k ElectionEventKind) String() string {
 	if int(k) < len(eventNames) && eventNames[k] != "" {
 		return eventNames[k]
 	}
-	return fmt.Sprintf("EventKind(%d)", k)
+	return fmt.Sprintf("ElectionEventKind(%d)", k)
 }
 
 // ElectionEvent is something that happened to a Candidate, for the
 // shell's callbacks and logs.
 type ElectionEvent struct {
-	Kind EventKind
+	Kind ElectionEventKind
 	Term uint64 // Elected, Deposed, LostRace, WonTooLate; OpFailed when taking or renewing
 	Rev  uint64 // Elected, BadRecord
 	Why  string // Deposed, OpFailed
@@ -248,12 +248,12 @@ type Candidate struct {
 	ttl, renew, poll, skew int64 // µs
 	rng                    *rand.Rand
 
-	phase phase
-	at    int64 // phaseWait: when to act (mono)
-	until int64 // phaseRead, phaseTake: the read's and take's common deadline (mono)
+	phase candPhase
+	at    int64 // candWait: when to act (mono)
+	until int64 // candRead, candTake: the read's and take's common deadline (mono)
 
-	sent    int64        // phaseTake, phaseRenew: when the write was sent (mono)
-	pending LeaderRecord // phaseTake, phaseRenew: the record being written
+	sent    int64        // candTake, candRenew: when the write was sent (mono)
+	pending LeaderRecord // candTake, candRenew: the record being written
 
 	leading  bool
 	rec      LeaderRecord // leading: the record last written
@@ -263,13 +263,13 @@ type Candidate struct {
 	badRev uint64 // the revision of the last invalid record reported
 }
 
-type phase uint8
+type candPhase uint8
 
 const (
-	phaseWait  phase = iota // until at
-	phaseRead               // a read is out
-	phaseTake               // a Create or Update taking the key is out
-	phaseRenew              // a renewal is out
+	candWait  candPhase = iota // until at
+	candRead                   // a read is out
+	candTake                   // a Create or Update taking the key is out
+	candRenew                  // a renewal is out
 )
 
 // NewCandidate returns a follower that reads the key at its first Step.
@@ -322,11 +322,11 @@ func (c *Candidate) Leading() (term uint64, ok bool) {
 // call). It returns the next op, never OpNone, and what happened.
 func (c *Candidate) Step(now Clocks, res KVResult) (KVOp, []ElectionEvent) {
 	switch c.phase {
-	case phaseRead:
+	case candRead:
 		return c.afterRead(now, res)
-	case phaseTake:
+	case candTake:
 		return c.afterTake(now, res)
-	case phaseRenew:
+	case candRenew:
 		return c.afterRenew(now, res)
 	}
 	if c.leading && now.Mono >= c.deadline {
@@ -339,7 +339,7 @@ func (c *Candidate) Step(now Clocks, res KVResult) (KVOp, []ElectionEvent) {
 	if c.leading {
 		return c.sendRenewal(now), nil
 	}
-	c.phase, c.until = phaseRead, now.Mono+c.ttl
+	c.phase, c.until = candRead, now.Mono+c.ttl
 	return KVOp{Kind: OpRead, Until: c.until}, nil
 }
 
@@ -351,7 +351,7 @@ func (c *Candidate) Step(now Clocks, res KVResult) (KVOp, []ElectionEvent) {
 // OpNone. An op in flight is abandoned. A later Step campaigns anew, as a
 // follower reading at its next poll.
 func (c *Candidate) Stop(now Clocks, why string) (KVOp, []ElectionEvent) {
-	c.phase = phaseWait
+	c.phase = candWait
 	if !c.leading {
 		return KVOp{}, nil
 	}
@@ -382,12 +382,12 @@ func (c *Candidate) afterRead(now Clocks, res KVResult) (KVOp, []ElectionEvent) 
 			}
 			return c.waitPoll(now), evs
 		}
-		if now.Wall <= satAdd(r.ExpiresUS, c.skew) {
+		if now.Wall <= heldThrough(r, c.skew) {
 			return c.waitPoll(now), nil // held
 		}
 		term, rev = r.Term+1, res.Rev
 	}
-	c.phase, c.sent = phaseTake, now.Mono
+	c.phase, c.sent = candTake, now.Mono
 	c.pending = LeaderRecord{Term: term, Holder: c.id, SinceUS: now.Wall, ExpiresUS: now.Wall + c.ttl}
 	if rev == 0 {
 		return KVOp{Kind: OpCreate, Value: c.pending.Encode(), Until: c.until}, nil
@@ -414,7 +414,7 @@ func (c *Candidate) afterTake(now Clocks, res KVResult) (KVOp, []ElectionEvent) 
 
 // sendRenewal writes the leader's record with its expiry pushed to now + TTL.
 func (c *Candidate) sendRenewal(now Clocks) KVOp {
-	c.phase, c.sent = phaseRenew, now.Mono
+	c.phase, c.sent = candRenew, now.Mono
 	c.pending = c.rec
 	c.pending.ExpiresUS = now.Wall + c.ttl
 	return KVOp{Kind: OpUpdate, Value: c.pending.Encode(), Rev: c.rev, Until: c.deadline}
@@ -449,13 +449,13 @@ func (c *Candidate) depose(why string) ElectionEvent {
 
 // waitPoll waits a jittered Poll, so that followers do not all race at once.
 func (c *Candidate) waitPoll(now Clocks) KVOp {
-	c.phase, c.at = phaseWait, now.Mono+c.poll-c.rng.Int64N(c.poll/4+1)
+	c.phase, c.at = candWait, now.Mono+c.poll-c.rng.Int64N(c.poll/4+1)
 	return c.wait()
 }
 
 // waitRenew waits Renew, or less when the deadline comes first.
 func (c *Candidate) waitRenew(now Clocks) KVOp {
-	c.phase, c.at = phaseWait, now.Mono+c.renew
+	c.phase, c.at = candWait, now.Mono+c.renew
 	return c.wait()
 }
 
@@ -467,11 +467,12 @@ func (c *Candidate) wait() KVOp {
 	return KVOp{Kind: OpWait, Until: until}
 }
 
-// satAdd is a + b for b ≥ 0, saturating at MaxInt64: a foreign record's
-// expiry near the top of the range stays in the future.
-func satAdd(a, b int64) int64 {
-	if a > math.MaxInt64-b {
+// heldThrough is the last wall time at which r is held for a candidate
+// allowing skew µs (≥ 0): its expiry + skew, saturating at MaxInt64 so
+// that a foreign record's expiry near the top of the range stays held.
+func heldThrough(r LeaderRecord, skew int64) int64 {
+	if r.ExpiresUS > math.MaxInt64-skew {
 		return math.MaxInt64
 	}
-	return a + b
+	return r.ExpiresUS + skew
 }

@@ -11,7 +11,7 @@ import (
 	"pgregory.net/rapid"
 )
 
-// electionSim runs N candidates on one fakeKV in virtual time (µs of
+// electionSim runs N candidates on one elKV in virtual time (µs of
 // true time). Each candidate's wall clock is off true time by at most
 // MaxSkew/2 (so two differ by at most MaxSkew) and may step within that
 // bound; its monotonic clock has its own origin. Every op reaches the
@@ -23,11 +23,11 @@ import (
 type electionSim struct {
 	t        *rapid.T
 	rng      *rand.Rand
-	kv       *fakeKV
+	kv       *elKV
 	now      int64
 	seq      int
-	queue    simQueue
-	cands    []*simCand
+	queue    elQueue
+	cands    []*elSimCand
 	maxDelay int64
 	lossPct  int
 	crashPct int // per mille per step
@@ -39,7 +39,7 @@ type electionSim struct {
 	log       []string // the last events, for a failure report
 }
 
-type simCand struct {
+type elSimCand struct {
 	id      string
 	c       *Candidate
 	gen     int // bumped at each crash or stop: older events are void
@@ -52,24 +52,24 @@ type simCand struct {
 	spins    int
 }
 
-type simEvent struct {
+type elSimEvent struct {
 	at   int64
 	seq  int
 	who  int
 	gen  int
 	kind int
-	f    *flight
+	f    *elFlight
 }
 
 const (
-	evStep    = iota // Step with no result (a wait ended)
-	evApply          // an op reaches the bucket
-	evReply          // an op's answer reaches its candidate
-	evRestart        // a crashed or stopped candidate comes back
+	elEvStep    = iota // Step with no result (a wait ended)
+	elEvApply          // an op reaches the bucket
+	elEvReply          // an op's answer reaches its candidate
+	elEvRestart        // a crashed or stopped candidate comes back
 )
 
-// flight is one op on its way.
-type flight struct {
+// elFlight is one op on its way.
+type elFlight struct {
 	op        KVOp
 	res       KVResult
 	applied   bool
@@ -78,29 +78,29 @@ type flight struct {
 	noReply   bool // a release: nobody waits for it
 }
 
-type simQueue []simEvent
+type elQueue []elSimEvent
 
-func (q simQueue) Len() int { return len(q) }
-func (q simQueue) Less(i, j int) bool {
+func (q elQueue) Len() int { return len(q) }
+func (q elQueue) Less(i, j int) bool {
 	return q[i].at < q[j].at || q[i].at == q[j].at && q[i].seq < q[j].seq
 }
-func (q simQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *simQueue) Push(x any)   { *q = append(*q, x.(simEvent)) }
-func (q *simQueue) Pop() any {
+func (q elQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *elQueue) Push(x any)   { *q = append(*q, x.(elSimEvent)) }
+func (q *elQueue) Pop() any {
 	old := *q
 	e := old[len(old)-1]
 	*q = old[:len(old)-1]
 	return e
 }
 
-func (s *electionSim) push(at int64, who, kind int, f *flight) {
+func (s *electionSim) push(at int64, who, kind int, f *elFlight) {
 	s.seq++
-	heap.Push(&s.queue, simEvent{at: at, seq: s.seq, who: who, gen: s.cands[who].gen, kind: kind, f: f})
+	heap.Push(&s.queue, elSimEvent{at: at, seq: s.seq, who: who, gen: s.cands[who].gen, kind: kind, f: f})
 }
 
 func (s *electionSim) clocks(i int) Clocks {
 	sc := s.cands[i]
-	return Clocks{Wall: wall0 + s.now + sc.wallOff, Mono: s.now + sc.monoOff}
+	return Clocks{Wall: elWall0 + s.now + sc.wallOff, Mono: s.now + sc.monoOff}
 }
 
 func (s *electionSim) note(format string, a ...any) {
@@ -128,7 +128,7 @@ func (s *electionSim) offset() int64 {
 
 func (s *electionSim) start(i int) {
 	sc := s.cands[i]
-	c, err := NewCandidate(testCfgSkew(sc.id, s.skew), rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64())))
+	c, err := NewCandidate(elCfgSkew(sc.id, s.skew), rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64())))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -137,9 +137,9 @@ func (s *electionSim) start(i int) {
 	s.step(i, KVResult{})
 }
 
-func testCfgSkew(id string, skew int64) ElectionConfig {
-	cfg := testCfg(id)
-	cfg.MaxSkew = durUS(skew)
+func elCfgSkew(id string, skew int64) ElectionConfig {
+	cfg := elCfg(id)
+	cfg.MaxSkew = elDurUS(skew)
 	return cfg
 }
 
@@ -168,15 +168,15 @@ func (s *electionSim) schedule(i int, op KVOp, noReply bool) {
 		if at < s.now {
 			s.fail("%s waits until %d, in the past", sc.id, at)
 		}
-		s.push(at, i, evStep, nil)
+		s.push(at, i, elEvStep, nil)
 		return
 	}
-	f := &flight{op: op, noReply: noReply}
+	f := &elFlight{op: op, noReply: noReply}
 	f.lostThere = s.rng.IntN(100) < s.lossPct
 	f.lostBack = !f.lostThere && s.rng.IntN(100) < s.lossPct
 	d1, d2 := s.rng.Int64N(s.maxDelay+1), s.rng.Int64N(s.maxDelay+1)
 	if !f.lostThere {
-		s.push(s.now+d1, i, evApply, f)
+		s.push(s.now+d1, i, elEvApply, f)
 	}
 	if noReply {
 		return
@@ -188,13 +188,13 @@ func (s *electionSim) schedule(i int, op KVOp, noReply bool) {
 		reply = deadline
 		f.lostBack = f.lostBack || s.now+d1 > deadline || s.rng.IntN(4) != 0
 	}
-	s.push(reply, i, evReply, f)
+	s.push(reply, i, elEvReply, f)
 }
 
 func (s *electionSim) events(i int, evs []ElectionEvent) {
 	sc := s.cands[i]
 	for _, e := range evs {
-		s.note("%s: %v", sc.id, kinds([]ElectionEvent{e}))
+		s.note("%s: %v", sc.id, elEvents([]ElectionEvent{e}))
 		switch e.Kind {
 		case Elected:
 			if sc.term != 0 {
@@ -230,8 +230,8 @@ func (s *electionSim) check() {
 	}
 }
 
-func (s *electionSim) apply(f *flight) {
-	f.res, f.applied = perform(s.kv, f.op), true
+func (s *electionSim) apply(f *elFlight) {
+	f.res, f.applied = elDo(s.kv, f.op), true
 	if f.res.Err == nil && f.op.Kind != OpRead {
 		r, err := ParseLeaderRecord(f.op.Value)
 		if err != nil {
@@ -247,20 +247,20 @@ func (s *electionSim) apply(f *flight) {
 
 func (s *electionSim) run(until int64) {
 	for s.queue.Len() > 0 {
-		e := heap.Pop(&s.queue).(simEvent)
+		e := heap.Pop(&s.queue).(elSimEvent)
 		if e.at > until {
 			return
 		}
 		s.now = e.at
 		sc := s.cands[e.who]
 		switch e.kind {
-		case evApply:
-			s.apply(e.f) // in flight: lands whether its sender lives or not
-		case evRestart:
+		case elEvApply:
+			s.apply(e.f) // in elFlight: lands whether its sender lives or not
+		case elEvRestart:
 			if e.gen == sc.gen {
 				s.start(e.who)
 			}
-		case evStep, evReply:
+		case elEvStep, elEvReply:
 			if e.gen != sc.gen || !sc.alive {
 				break
 			}
@@ -269,10 +269,10 @@ func (s *electionSim) run(until int64) {
 				break
 			}
 			res := KVResult{}
-			if e.kind == evReply {
+			if e.kind == elEvReply {
 				res = e.f.res
 				if !e.f.applied || e.f.lostBack {
-					res = KVResult{Err: errLost}
+					res = KVResult{Err: elErrLost}
 				}
 			}
 			s.step(e.who, res)
@@ -296,10 +296,10 @@ func (s *electionSim) crash(i int, clean bool) {
 	}
 	sc.gen++
 	sc.alive, sc.term = false, 0
-	s.push(s.now+s.rng.Int64N(2*tTTL+1), i, evRestart, nil)
+	s.push(s.now+s.rng.Int64N(2*elTTL+1), i, elEvRestart, nil)
 }
 
-func durUS(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+func elDurUS(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
 
 // TestCandidatesProperty: N candidates with random delays, losses,
 // crashes, clean stops and wall clock steps within MaxSkew never have two
@@ -314,24 +314,24 @@ func TestCandidatesProperty(t *testing.T) {
 		s := &electionSim{
 			t:    rt,
 			rng:  rand.New(rand.NewPCG(rapid.Uint64().Draw(rt, "seed"), 0)),
-			kv:   newFakeKV(),
-			skew: rapid.Int64Range(0, tTTL).Draw(rt, "skew_us"),
+			kv:   newElKV(),
+			skew: rapid.Int64Range(0, elTTL).Draw(rt, "skew_us"),
 		}
 		if faults {
-			s.maxDelay = rapid.Int64Range(0, 2*tTTL).Draw(rt, "max_delay_us")
+			s.maxDelay = rapid.Int64Range(0, 2*elTTL).Draw(rt, "max_delay_us")
 			s.lossPct = rapid.IntRange(0, 50).Draw(rt, "loss_pct")
 			s.crashPct = rapid.IntRange(0, 20).Draw(rt, "crash_per_mille")
 		} else {
-			s.maxDelay = rapid.Int64Range(0, tTTL/12).Draw(rt, "max_delay_us")
+			s.maxDelay = rapid.Int64Range(0, elTTL/12).Draw(rt, "max_delay_us")
 		}
 		for i := range n {
-			s.cands = append(s.cands, &simCand{id: fmt.Sprintf("r%d/a", i)})
+			s.cands = append(s.cands, &elSimCand{id: fmt.Sprintf("r%d/a", i)})
 			s.cands[i].wallOff = s.offset()
 		}
 		for i := range n {
 			s.start(i)
 		}
-		s.run(60 * tTTL)
+		s.run(60 * elTTL)
 		if !faults && s.elections != 1 {
 			s.fail("%d elections without faults, want 1", s.elections)
 		}
