@@ -2,16 +2,13 @@ package gossip
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/meridian-quota/meridian/gossip/protocol"
 )
 
 // ElectionConfig times one candidate's campaign (see [Transport.Campaign]).
@@ -63,7 +60,7 @@ func (c ElectionConfig) Validate() error {
 	bad := func(field, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("election.%s: %s", field, fmt.Sprintf(format, a...)))
 	}
-	if err := checkID(c.ID); err != nil {
+	if err := protocol.CheckID(c.ID); err != nil {
 		bad("id", "%v", err)
 	}
 	if c.TTL < 10*time.Millisecond {
@@ -78,24 +75,6 @@ func (c ElectionConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// checkID validates a candidate or holder ID.
-func checkID(id string) error {
-	switch {
-	case id == "":
-		return errors.New("empty")
-	case len(id) > 256:
-		return fmt.Errorf("%d bytes: at most 256", len(id))
-	case !utf8.ValidString(id):
-		return errors.New("not UTF-8")
-	}
-	for _, r := range id {
-		if !unicode.IsPrint(r) {
-			return fmt.Errorf("%q: not printable", id)
-		}
-	}
-	return nil
-}
-
 // Leadership is who holds the coordinator role according to the KV.
 type Leadership struct {
 	Term    uint64    // the fencing term, 1 for the first leader ever, +1 per change of holder
@@ -104,71 +83,23 @@ type Leadership struct {
 	Expires time.Time // when the holder's last renewal lapses (its clock)
 }
 
-// leaderRecord is the value of <cluster>.leader, JSON-encoded:
-//
-//	{"v":1,"term":7,"holder":"eu/eu-1","since_us":1730000000000000,"expires_us":1730000003000000}
-//
-// Times are Unix microseconds of the writer's clock. A released record
-// keeps term and holder and has expires_us 0.
-type leaderRecord struct {
-	V         int    `json:"v"`
-	Term      uint64 `json:"term"`
-	Holder    string `json:"holder"`
-	SinceUS   int64  `json:"since_us"`
-	ExpiresUS int64  `json:"expires_us"`
-}
-
-const leaderRecordVersion = 1
-
-func parseLeader(b []byte) (leaderRecord, error) {
-	var r leaderRecord
-	if err := json.Unmarshal(b, &r); err != nil {
-		return r, fmt.Errorf("gossip: election record: not JSON: %w", err)
-	}
-	var errs []error
-	if r.V != leaderRecordVersion {
-		errs = append(errs, fmt.Errorf("version %d, want %d", r.V, leaderRecordVersion))
-	}
-	if r.Term == 0 {
-		errs = append(errs, errors.New("term 0"))
-	}
-	if err := checkID(r.Holder); err != nil {
-		errs = append(errs, fmt.Errorf("holder: %w", err))
-	}
-	if r.SinceUS <= 0 || r.ExpiresUS < 0 {
-		errs = append(errs, fmt.Errorf("times since_us %d, expires_us %d", r.SinceUS, r.ExpiresUS))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return r, fmt.Errorf("gossip: election record: %w", err)
-	}
-	return r, nil
-}
-
-func (r leaderRecord) encode() []byte {
-	b, err := json.Marshal(r)
-	if err != nil {
-		panic(err) // plain struct: never fails
-	}
-	return b
-}
-
 // Leader returns the holder of the election key per the KV, ok=false when
 // nobody holds it (never elected, released, or lapsed by this process's
 // clock). It reads a KV replica, so it may lag a change by a moment.
 func (t *Transport) Leader(ctx context.Context) (Leadership, bool, error) {
-	e, err := t.kv.Get(ctx, t.keyPre+keyLeader)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	v, _, err := natsKV{t.kv}.Get(ctx, t.keyPre+keyLeader)
+	if errors.Is(err, protocol.ErrNotFound) {
 		return Leadership{}, false, nil
 	}
 	if err != nil {
 		return Leadership{}, false, t.kvErr("read leader", err)
 	}
-	r, err := parseLeader(e.Value())
+	r, err := protocol.ParseLeaderRecord(v)
 	if err != nil {
 		return Leadership{}, false, err
 	}
 	l := Leadership{Term: r.Term, ID: r.Holder, Since: time.UnixMicro(r.SinceUS), Expires: time.UnixMicro(r.ExpiresUS)}
-	return l, time.Now().UnixMicro() < r.ExpiresUS, nil
+	return l, r.HeldAt(time.Now().UnixMicro()), nil
 }
 
 // Campaign stands for coordinator until ctx ends (it then returns nil) or
@@ -189,6 +120,8 @@ func (t *Transport) Leader(ctx context.Context) (Leadership, bool, error) {
 // A record naming this candidate's own ID gets no favour: a restarted
 // candidate waits for its earlier record to lapse like everyone else. The
 // key is never deleted (releasing updates it), so terms keep increasing.
+// These decisions are protocol.Candidate's; Campaign performs its
+// operations on the bucket, keeps its timers and logs.
 //
 // onElected(term) is called when this candidate becomes leader and
 // onDeposed(term) when it stops, including when ctx ends (after which the
@@ -224,11 +157,18 @@ func (t *Transport) Campaign(ctx context.Context, cfg ElectionConfig, maxSkew ti
 	if onDeposed == nil {
 		onDeposed = func(uint64) {}
 	}
+	cfg = cfg.withDefaults()
+	pcfg := protocol.ElectionConfig{ID: cfg.ID, TTL: cfg.TTL, Renew: cfg.Renew, Poll: cfg.Poll, MaxSkew: maxSkew}
+	cand, err := protocol.NewCandidate(pcfg, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
+	if err != nil {
+		return fmt.Errorf("gossip: campaign: %w", err) // Validate admits only what a candidate runs
+	}
 	c := &campaign{
-		t:         t,
-		cfg:       cfg.withDefaults(),
-		skew:      maxSkew,
+		kv:        natsKV{t.kv},
 		key:       t.keyPre + keyLeader,
+		closed:    t.closed,
+		cand:      cand,
+		base:      time.Now(),
 		onElected: onElected,
 		onDeposed: onDeposed,
 		log:       t.log.With("candidate", cfg.ID),
@@ -236,158 +176,124 @@ func (t *Transport) Campaign(ctx context.Context, cfg ElectionConfig, maxSkew ti
 	return c.run(ctx)
 }
 
-// campaign is the state of one Campaign call, owned by its goroutine.
+// campaign is the shell of one Campaign call, owned by its goroutine: it
+// performs the candidate's operations, waits its waits and reports its
+// events.
 type campaign struct {
-	t         *Transport
-	cfg       ElectionConfig
-	skew      time.Duration
+	kv        protocol.KV
 	key       string
+	closed    <-chan struct{}
+	cand      *protocol.Candidate
+	base      time.Time // the origin of the candidate's monotonic clock
 	onElected func(uint64)
 	onDeposed func(uint64)
 	log       *slog.Logger
+}
 
-	leader   bool
-	rec      leaderRecord // the record last written while leader
-	rev      uint64       // its revision
-	deadline time.Time    // leadership ends here (monotonic): last renewal sent + TTL
-	badRev   uint64       // revision of the last invalid record logged
+// now reads both clocks at once: the wall clock, and base's monotonic
+// reading for the leader's deadline.
+func (c *campaign) now() protocol.Clocks {
+	n := time.Now()
+	return protocol.Clocks{Wall: n.UnixMicro(), Mono: n.Sub(c.base).Microseconds()}
+}
+
+// at is the instant of the candidate's monotonic time mono µs.
+func (c *campaign) at(mono int64) time.Time {
+	return c.base.Add(time.Duration(mono) * time.Microsecond)
 }
 
 func (c *campaign) run(ctx context.Context) error {
-	timer := time.NewTimer(0) // follower: next poll; leader: next renewal
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	defer timer.Stop()
-	lapse := time.NewTimer(time.Hour) // leader: the deadline
-	lapse.Stop()
-	defer lapse.Stop()
+	op, evs := c.cand.Step(c.now(), protocol.KVResult{})
 	for {
-		select {
-		case <-ctx.Done():
-			if c.leader {
-				c.depose("stopped")
-				c.release(ctx)
+		c.report(evs)
+		var res protocol.KVResult
+		if op.Kind == protocol.OpWait {
+			timer.Reset(time.Until(c.at(op.Until)))
+			select {
+			case <-ctx.Done():
+				c.stop(ctx, protocol.WhyStopped, true)
+				return nil
+			case <-c.closed:
+				c.stop(ctx, "transport closed", false)
+				return ErrClosed
+			case <-timer.C:
 			}
-			return nil
-		case <-c.t.closed:
-			if c.leader {
-				c.depose("transport closed")
-			}
-			return ErrClosed
-		case <-lapse.C:
-			if c.leader {
-				c.depose("not renewed in time")
-				timer.Reset(c.jitter(c.cfg.Poll))
-			}
-		case <-timer.C:
-			if c.leader {
-				c.renew(ctx)
-			} else {
-				c.try(ctx)
-			}
-			if c.leader {
-				lapse.Reset(time.Until(c.deadline))
-				timer.Reset(c.cfg.Renew)
-			} else {
-				lapse.Stop()
-				timer.Reset(c.jitter(c.cfg.Poll))
+		} else {
+			res = c.do(ctx, op)
+			if res.Err != nil && !errors.Is(res.Err, protocol.ErrConflict) && ctx.Err() != nil {
+				// Cut short by the end of the campaign, not by the
+				// bucket: no verdict on the leadership but "stopped".
+				c.stop(ctx, protocol.WhyStopped, true)
+				return nil
 			}
 		}
+		op, evs = c.cand.Step(c.now(), res)
 	}
 }
 
-// jitter spreads followers' polls so they do not all race at once.
-func (c *campaign) jitter(d time.Duration) time.Duration {
-	return d - rand.N(d/4+1)
-}
-
-// try reads the election key and takes it if it is free.
-func (c *campaign) try(ctx context.Context) {
-	octx, cancel := context.WithTimeout(ctx, c.cfg.TTL)
+// do performs one read or write, bounded by the op's deadline.
+func (c *campaign) do(ctx context.Context, op protocol.KVOp) protocol.KVResult {
+	octx, cancel := context.WithDeadline(ctx, c.at(op.Until))
 	defer cancel()
-	e, err := c.t.kv.Get(octx, c.key)
-	term, rev := uint64(1), uint64(0)
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-	case err != nil:
-		c.log.Debug("election: read leader key", "err", err)
-		return
+	var r protocol.KVResult
+	switch op.Kind {
+	case protocol.OpRead:
+		r.Value, r.Rev, r.Err = c.kv.Get(octx, c.key)
+	case protocol.OpCreate:
+		r.Rev, r.Err = c.kv.Create(octx, c.key, op.Value)
+	case protocol.OpUpdate:
+		r.Rev, r.Err = c.kv.Update(octx, c.key, op.Value, op.Rev)
 	default:
-		r, err := parseLeader(e.Value())
-		if err != nil {
-			// Only a foreign writer produces this; taking the key would
-			// need a term we cannot know, so leave it to an operator.
-			if e.Revision() != c.badRev {
-				c.badRev = e.Revision()
-				c.log.Error("election: invalid leader record; no election until it is fixed or deleted", "revision", e.Revision(), "err", err)
+		r.Err = fmt.Errorf("gossip: campaign: unexpected op %v", op.Kind)
+	}
+	return r
+}
+
+// stop ends the candidate and, when release and it led, releases the
+// key so that a follower takes over at its next poll; best effort,
+// bounded by TTL, and not cut short by ctx.
+func (c *campaign) stop(ctx context.Context, why string, release bool) {
+	op, evs := c.cand.Stop(c.now(), why)
+	c.report(evs)
+	if !release || op.Kind != protocol.OpUpdate {
+		return
+	}
+	octx, cancel := context.WithDeadline(context.WithoutCancel(ctx), c.at(op.Until))
+	defer cancel()
+	if _, err := c.kv.Update(octx, c.key, op.Value, op.Rev); err != nil {
+		term := uint64(0)
+		for _, ev := range evs {
+			term = ev.Term
+		}
+		c.log.Debug("election: release", "term", term, "err", err)
+	}
+}
+
+// report logs the candidate's events and calls the callbacks.
+func (c *campaign) report(evs []protocol.ElectionEvent) {
+	for _, ev := range evs {
+		switch ev.Kind {
+		case protocol.Elected:
+			c.log.Info("election: elected", "term", ev.Term, "revision", ev.Rev)
+			c.onElected(ev.Term)
+		case protocol.Deposed:
+			c.log.Info("election: deposed", "term", ev.Term, "reason", ev.Why)
+			c.onDeposed(ev.Term)
+		case protocol.LostRace:
+			c.log.Debug("election: another candidate won", "term", ev.Term)
+		case protocol.WonTooLate:
+			c.log.Warn("election: won too late to lead", "term", ev.Term)
+		case protocol.BadRecord:
+			c.log.Error("election: invalid leader record; no election until it is fixed or deleted", "revision", ev.Rev, "err", ev.Err)
+		case protocol.OpFailed:
+			if ev.Term == 0 {
+				c.log.Debug("election: "+ev.Why, "err", ev.Err)
+			} else {
+				c.log.Debug("election: "+ev.Why, "term", ev.Term, "err", ev.Err)
 			}
-			return
 		}
-		if time.Now().UnixMicro() <= r.ExpiresUS+c.skew.Microseconds() {
-			return // held
-		}
-		term, rev = r.Term+1, e.Revision()
-	}
-	sent := time.Now()
-	rec := leaderRecord{V: leaderRecordVersion, Term: term, Holder: c.cfg.ID, SinceUS: sent.UnixMicro(), ExpiresUS: sent.Add(c.cfg.TTL).UnixMicro()}
-	if rev == 0 {
-		rev, err = c.t.kv.Create(octx, c.key, rec.encode())
-	} else {
-		rev, err = c.t.kv.Update(octx, c.key, rec.encode(), rev)
-	}
-	switch {
-	case isConflict(err):
-		c.log.Debug("election: another candidate won", "term", term)
-		return
-	case err != nil:
-		// Outcome unknown; if it was written, the record names us and
-		// lapses after TTL like any other.
-		c.log.Debug("election: take leader key", "term", term, "err", err)
-		return
-	}
-	if time.Since(sent) >= c.cfg.TTL {
-		// The write took a whole TTL: the record has lapsed already.
-		c.log.Warn("election: won too late to lead", "term", term)
-		return
-	}
-	c.leader, c.rec, c.rev, c.deadline = true, rec, rev, sent.Add(c.cfg.TTL)
-	c.log.Info("election: elected", "term", term, "revision", rev)
-	c.onElected(term)
-}
-
-// renew pushes the leader's expiry forward, or deposes it.
-func (c *campaign) renew(ctx context.Context) {
-	octx, cancel := context.WithDeadline(ctx, c.deadline)
-	defer cancel()
-	sent := time.Now()
-	rec := c.rec
-	rec.ExpiresUS = sent.Add(c.cfg.TTL).UnixMicro()
-	rev, err := c.t.kv.Update(octx, c.key, rec.encode(), c.rev)
-	switch {
-	case isConflict(err):
-		c.depose("leader key moved")
-	case err != nil && ctx.Err() == nil && !time.Now().Before(c.deadline):
-		c.depose("not renewed in time")
-	case err != nil:
-		c.log.Debug("election: renew", "term", c.rec.Term, "err", err) // retried at the next period
-	default:
-		c.rec, c.rev, c.deadline = rec, rev, sent.Add(c.cfg.TTL)
-	}
-}
-
-// depose ends this candidate's leadership.
-func (c *campaign) depose(why string) {
-	c.leader = false
-	c.log.Info("election: deposed", "term", c.rec.Term, "reason", why)
-	c.onDeposed(c.rec.Term)
-}
-
-// release marks the record expired so that a follower takes over at its
-// next poll; best effort, bounded by TTL.
-func (c *campaign) release(ctx context.Context) {
-	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.TTL)
-	defer cancel()
-	rec := c.rec
-	rec.ExpiresUS = 0
-	if _, err := c.t.kv.Update(octx, c.key, rec.encode(), c.rev); err != nil {
-		c.log.Debug("election: release", "term", rec.Term, "err", err)
 	}
 }

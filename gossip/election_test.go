@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/meridian-quota/meridian/gossip/protocol"
 	"github.com/meridian-quota/meridian/internal/natstest"
 )
 
@@ -236,7 +238,7 @@ func TestElectionRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := parseLeader(e.Value())
+	r, err := protocol.ParseLeaderRecord(e.Value())
 	if err != nil || r.Holder != "eu/a" || r.Term != term || r.ExpiresUS <= r.SinceUS {
 		t.Fatalf("record %s: %+v, %v", e.Value(), r, err)
 	}
@@ -265,8 +267,8 @@ func TestElectionRecord(t *testing.T) {
 	ref2.mu.Unlock()
 
 	for _, bad := range []string{``, `[]`, `{"v":2,"term":1,"holder":"x","since_us":1,"expires_us":2}`, `{"v":1,"term":1,"holder":"x\u0000","since_us":1,"expires_us":2}`, `{"v":1,"term":1,"holder":"x","since_us":0,"expires_us":2}`} {
-		if _, err := parseLeader([]byte(bad)); err == nil {
-			t.Errorf("parseLeader(%s): nil error", bad)
+		if _, err := protocol.ParseLeaderRecord([]byte(bad)); err == nil {
+			t.Errorf("ParseLeaderRecord(%s): nil error", bad)
 		}
 	}
 }
@@ -303,5 +305,34 @@ func TestElectionConfigValidate(t *testing.T) {
 	}
 	if err := tr.Campaign(bg(t), ElectionConfig{ID: "x"}, -time.Second, nil, nil); err == nil || !strings.Contains(err.Error(), "max skew") {
 		t.Errorf("Campaign with negative skew: %v", err)
+	}
+}
+
+// TestNATSKV: the election's port over JetStream KV answers with the
+// port's sentinels, still wrapping jetstream's.
+func TestNATSKV(t *testing.T) {
+	srv := natstest.Start(t)
+	tr := dialT(t, "c1", natsTestConfig(srv.URL()))
+	ctx := bg(t)
+	var kv protocol.KV = natsKV{tr.kv}
+	if _, _, err := kv.Get(ctx, "c1.leader"); !errors.Is(err, protocol.ErrNotFound) || !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("Get of an absent key: %v", err)
+	}
+	rev, err := kv.Create(ctx, "c1.leader", []byte("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, "c1.leader", []byte("b")); !errors.Is(err, protocol.ErrConflict) {
+		t.Fatalf("Create of a present key: %v", err)
+	}
+	if _, err := kv.Update(ctx, "c1.leader", []byte("b"), rev+7); !errors.Is(err, protocol.ErrConflict) {
+		t.Fatalf("Update at a wrong revision: %v", err)
+	}
+	rev2, err := kv.Update(ctx, "c1.leader", []byte("b"), rev)
+	if err != nil || rev2 <= rev {
+		t.Fatalf("Update at its revision: rev %d, %v", rev2, err)
+	}
+	if v, r, err := kv.Get(ctx, "c1.leader"); err != nil || string(v) != "b" || r != rev2 {
+		t.Fatalf("Get = %q rev %d, %v; want b rev %d", v, r, err, rev2)
 	}
 }
