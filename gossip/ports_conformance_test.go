@@ -10,7 +10,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meridian-quota/meridian/gossip/memnet"
 	"github.com/meridian-quota/meridian/gossip/protocol"
@@ -50,50 +49,29 @@ func natsTarget(t *testing.T) portsTarget {
 	}
 }
 
-// natsKVOf returns the election KV of tr.
-//
-// TODO(issue 16): use gossip's own protocol.KV adapter over NATS (the
-// natsKV adapter of gossip/kv.go, being written) once it is merged, and
-// delete conformanceKV. Until then the suite checks memnet's KV against
-// JetStream's through conformanceKV, a test-only mapping of the bucket's
-// Get/Create/Update onto the port (the adapter's own error mapping is not
-// covered yet).
+// natsKVOf returns the election's KV adapter over tr's bucket (natsKV,
+// gossip/kv.go), with the cluster's key prefix the election adds, so the
+// suite checks the adapter's own error mapping against memnet's.
 func natsKVOf(tr *Transport) protocol.KV {
-	if kv, ok := any(tr).(protocol.KV); ok {
-		return kv
-	}
-	return conformanceKV{tr}
+	return prefixedKV{kv: natsKV{kv: tr.kv}, pre: tr.keyPre}
 }
 
-// conformanceKV is the test-only KV adapter described at natsKVOf.
-type conformanceKV struct{ t *Transport }
-
-func (k conformanceKV) kvErr(err error) error {
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return fmt.Errorf("%w: %w", protocol.ErrNotFound, err)
-	case isConflict(err):
-		return fmt.Errorf("%w: %w", protocol.ErrConflict, err)
-	}
-	return err
+// prefixedKV puts the cluster's prefix before every key, as Campaign does.
+type prefixedKV struct {
+	kv  protocol.KV
+	pre string
 }
 
-func (k conformanceKV) Get(ctx context.Context, key string) ([]byte, uint64, error) {
-	e, err := k.t.kv.Get(ctx, k.t.keyPre+key)
-	if err != nil {
-		return nil, 0, k.kvErr(err)
-	}
-	return e.Value(), e.Revision(), nil
+func (k prefixedKV) Get(ctx context.Context, key string) ([]byte, uint64, error) {
+	return k.kv.Get(ctx, k.pre+key)
 }
 
-func (k conformanceKV) Create(ctx context.Context, key string, value []byte) (uint64, error) {
-	rev, err := k.t.kv.Create(ctx, k.t.keyPre+key, value)
-	return rev, k.kvErr(err)
+func (k prefixedKV) Create(ctx context.Context, key string, value []byte) (uint64, error) {
+	return k.kv.Create(ctx, k.pre+key, value)
 }
 
-func (k conformanceKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
-	nrev, err := k.t.kv.Update(ctx, k.t.keyPre+key, value, rev)
-	return nrev, k.kvErr(err)
+func (k prefixedKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	return k.kv.Update(ctx, k.pre+key, value, rev)
 }
 
 func memnetTarget(t *testing.T) portsTarget {
