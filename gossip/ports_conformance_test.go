@@ -10,7 +10,6 @@ import (
 	"sync"
 	"testing"
 
-
 	"github.com/meridian-quota/meridian/gossip/memnet"
 	"github.com/meridian-quota/meridian/gossip/protocol"
 	"github.com/meridian-quota/meridian/internal/natstest"
