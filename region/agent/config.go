@@ -199,93 +199,12 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := c.validate(true); err != nil {
 		var doc yaml.Node
 		_ = yaml.Unmarshal(data, &doc) // it decoded above, so it parses
-		errs = append(errs, configLines(&doc, err)...)
+		errs = append(errs, region.FieldLines(&doc, err, ErrConfig)...)
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
 	}
 	return &c, nil
-}
-
-// configLines returns the problems of a Validate error (ErrConfig joined
-// with "field.path: message" errors), each after the field's line in doc
-// when the file has the field.
-func configLines(doc *yaml.Node, err error) []error {
-	var errs []error
-	if u, ok := err.(interface{ Unwrap() []error }); ok {
-		for _, e := range u.Unwrap() {
-			if e == ErrConfig {
-				continue
-			}
-			if j, ok := e.(interface{ Unwrap() []error }); ok {
-				errs = append(errs, j.Unwrap()...)
-			} else {
-				errs = append(errs, e)
-			}
-		}
-	} else {
-		errs = []error{err}
-	}
-	for i, e := range errs {
-		msg := e.Error()
-		path, _, ok := strings.Cut(msg, ": ")
-		if !ok {
-			continue
-		}
-		first, _, _ := strings.Cut(path, ", ") // "grpc, http": the first field's line
-		if line := yamlFieldLine(doc, first); line > 0 {
-			// go-yaml's form for the unknown fields beside it.
-			errs[i] = &lineError{msg: fmt.Sprintf("line %d: %s", line, msg), err: e}
-		}
-	}
-	return errs
-}
-
-// lineError is a validation problem with its line in the message.
-type lineError struct {
-	msg string
-	err error
-}
-
-func (e *lineError) Error() string { return e.msg }
-func (e *lineError) Unwrap() error { return e.err }
-
-// yamlFieldLine returns the line of the field at path ("redis.addr",
-// "regions[1]") in doc, or 0 when the file does not have it.
-func yamlFieldLine(doc *yaml.Node, path string) int {
-	n := doc
-	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
-		n = n.Content[0]
-	}
-	line := 0
-	for _, part := range strings.Split(path, ".") {
-		name, idx, _ := strings.Cut(part, "[")
-		if n == nil || n.Kind != yaml.MappingNode || name == "" || strings.ContainsAny(name, " ()") {
-			return 0
-		}
-		var next *yaml.Node
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == name {
-				line, next = n.Content[i].Line, n.Content[i+1]
-			}
-		}
-		if next == nil {
-			return 0
-		}
-		n = next
-		for idx != "" {
-			var s string
-			s, idx, _ = strings.Cut(idx, "]")
-			idx = strings.TrimPrefix(idx, "[")
-			k := 0
-			if _, err := fmt.Sscanf(s, "%d", &k); err != nil || n.Kind != yaml.SequenceNode || k < 0 || k >= len(n.Content) {
-				return line
-			}
-			n = n.Content[k]
-			line = n.Line
-		}
-	}
-	return line
 }
 
 // Validate reports every problem with c.
