@@ -11,12 +11,9 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/meridian-quota/meridian/gcra/redisstore"
-	"github.com/meridian-quota/meridian/internal/testenv"
 	"github.com/meridian-quota/meridian/region"
 )
 
@@ -43,23 +40,7 @@ domains:
 // Fails on 4804b9e: failure_mode error was parsed and then decided as
 // open: the RLS call answered OK, HTTP 200 allowed.
 func TestFailureModeErrorOnBothProtocols(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	scfg := redisstore.DefaultConfig()
-	scfg.Timeout = 30 * time.Millisecond
-	store, err := redisstore.New(c, scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	br, err := NewBreaker(BreakerConfig{Failures: 3, Cooldown: Duration(200 * time.Millisecond)}, store)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, err := region.ParsePolicy([]byte(errorModePolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, _, br, pol := pausableStore(t, errorModePolicy)
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy, cfg.ReloadEvery = "eu", "eu-1", []string{"eu"}, "unused", 0
 	node, err := region.NewNode(cfg.NodeConfig(), pol, br)

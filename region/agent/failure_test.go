@@ -35,11 +35,11 @@ domains:
         rate_limit: {unit: hour, requests_per_unit: 100, burst: 10, failure_mode: local}
 `
 
-// TestRedisFailureModesAndBreaker pauses a private redis-server (SIGSTOP):
-// every limit's failure mode decides within the timeout, the breaker opens
-// and then fails calls at once, and once Redis is back a probe closes it;
-// the counts show on /metrics.
-func TestRedisFailureModesAndBreaker(t *testing.T) {
+// pausableStore starts a private redis-server (to SIGSTOP), a client and
+// a store on it with a 30 ms timeout behind a breaker (3 failures, 200 ms
+// cooldown), and parses policy: the failure-mode tests' set-up.
+func pausableStore(t *testing.T, policy string) (*testenv.Server, *redis.Client, *Breaker, *region.Policy) {
+	t.Helper()
 	srv := testenv.StartRedis(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
@@ -53,10 +53,19 @@ func TestRedisFailureModesAndBreaker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pol, err := region.ParsePolicy([]byte(failurePolicy))
+	pol, err := region.ParsePolicy([]byte(policy))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return srv, c, br, pol
+}
+
+// TestRedisFailureModesAndBreaker pauses a private redis-server (SIGSTOP):
+// every limit's failure mode decides within the timeout, the breaker opens
+// and then fails calls at once, and once Redis is back a probe closes it;
+// the counts show on /metrics.
+func TestRedisFailureModesAndBreaker(t *testing.T) {
+	srv, c, br, pol := pausableStore(t, failurePolicy)
 	node, err := region.NewNode(region.DefaultConfig("eu", "eu-1", "eu"), pol, br)
 	if err != nil {
 		t.Fatal(err)
