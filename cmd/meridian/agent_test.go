@@ -14,11 +14,43 @@ import (
 	"github.com/meridian-quota/meridian/internal/testenv"
 )
 
+// runAgentFiles writes files (name → content; "agent.yaml" among them)
+// into a temporary directory and runs `meridian agent --config
+// agent.yaml` on them until the test ends, which then requires a clean
+// exit within 10 s. It returns the agent's stderr.
+func runAgentFiles(t *testing.T, files map[string]string) *testenv.Buffer {
+	t.Helper()
+	dir := t.TempDir()
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout testenv.Buffer
+	stderr := new(testenv.Buffer)
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"agent", "--config", filepath.Join(dir, "agent.yaml")}, &stdout, stderr)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("agent exited %d\nstderr:\n%s", code, stderr.String())
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("agent did not stop within 10 s of its context ending")
+		}
+	})
+	return stderr
+}
+
 // TestAgentStartsWithoutRedis: the script load at start-up fails, is
 // logged, and the agent serves anyway (live, not ready), then stops
 // cleanly.
 func TestAgentStartsWithoutRedis(t *testing.T) {
-	dir := t.TempDir()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -33,28 +65,7 @@ func TestAgentStartsWithoutRedis(t *testing.T) {
 	dead.Close()
 	policy := "domains:\n  - domain: api\n    descriptors:\n      - key: tenant\n        rate_limit: {unit: second, requests_per_unit: 10}\n"
 	conf := fmt.Sprintf("region: eu\nagent: eu-1\nregions: [eu]\npolicy: policy.yaml\ngrpc: \"\"\nhttp: %s\nredis: {addr: %q}\n", httpAddr, deadAddr)
-	for name, text := range map[string]string{"policy.yaml": policy, "agent.yaml": conf} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr testenv.Buffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"agent", "--config", filepath.Join(dir, "agent.yaml")}, &stdout, &stderr)
-	}()
-	defer func() {
-		cancel()
-		select {
-		case code := <-done:
-			if code != 0 {
-				t.Errorf("agent exited %d\nstderr:\n%s", code, stderr.String())
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("agent did not stop within 10 s of its context ending")
-		}
-	}()
+	stderr := runAgentFiles(t, map[string]string{"policy.yaml": policy, "agent.yaml": conf})
 	status := func(path string) int {
 		resp, err := http.Get("http://" + httpAddr + path)
 		if err != nil {

@@ -32,33 +32,12 @@ func TestStandaloneAgentEnforcesTheWholeLimit(t *testing.T) {
 	rc := testenv.Redis(t)
 	prefix := testenv.Prefix(t)
 	t.Cleanup(func() { testenv.Cleanup(t, rc, prefix) })
-	dir := t.TempDir()
 	grpcAddr, httpAddr := deadAddr(t), deadAddr(t) // free a moment ago; the agent binds them
 	policy := "domains:\n  - domain: api\n    descriptors:\n      - key: tenant\n        rate_limit: {unit: second, requests_per_unit: 1000, burst: 200}\n"
 	conf := fmt.Sprintf("region: eu\nagent: eu-1\npolicy: policy.yaml\ngrpc: %s\nhttp: %s\nresponse_headers: true\nredis: {addr: %s, prefix: %q, timeout: 1s}\n",
 		grpcAddr, httpAddr, rc.Options().Addr, prefix)
-	for name, text := range map[string]string{"policy.yaml": policy, "agent.yaml": conf} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr testenv.Buffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"agent", "--config", filepath.Join(dir, "agent.yaml")}, &stdout, &stderr)
-	}()
-	defer func() {
-		cancel()
-		select {
-		case code := <-done:
-			if code != 0 {
-				t.Errorf("agent exited %d\nstderr:\n%s", code, stderr.String())
-			}
-		case <-time.After(10 * time.Second):
-			t.Errorf("agent did not stop within 10 s of its context ending")
-		}
-	}()
+	stderr := runAgentFiles(t, map[string]string{"policy.yaml": policy, "agent.yaml": conf})
+	ctx := t.Context()
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
