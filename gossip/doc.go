@@ -2,11 +2,20 @@
 // demand reports, acknowledgements and share tables between the agents of
 // a cluster over NATS, keeps membership with hashicorp/memberlist, elects
 // one coordinator through a JetStream key-value bucket, and runs the
-// rebalance core on the elected agent. Decisions stay in region.Node and
-// rebalance.Coordinator; this package only moves their inputs and outputs.
+// rebalance core on the elected agent. Decisions stay in region.Node,
+// rebalance.Coordinator and gossip/protocol; this package only moves their
+// inputs and outputs.
 //
 // # Pieces
 //
+//   - The ports (gossip/protocol's Bus, TableStore, KV, Membership): what
+//     the protocol needs from the network. Transport provides Bus and
+//     TableStore, its bucket the election's KV (kv.go), Members
+//     Membership; gossip/memnet provides all four in memory for the
+//     simulator and tests. Ports bundles them for a Loop (NewPorts wires
+//     a Transport and Members); crosstransport_test.go runs one cluster
+//     through the same Loop on NATS and on memnet and finds the same
+//     tables.
 //   - Transport (nats.go): one cluster's subjects and KV keys on NATS.
 //     Reports and acks are core NATS publishes on
 //     meridian.<cluster>.report.<region>.<agent> and .ack.…; the latest
@@ -17,16 +26,20 @@
 //     coordinator's write fails (ErrFenced) once its successor has written.
 //     Tables and the election use a connection with no reconnect buffer, so
 //     nothing about them is replayed after an outage.
-//   - Campaign (election.go): the KV key <cluster>.leader holds the term,
-//     the holder and an expiry; candidates take it when it lapses, with
-//     term + 1. The election keeps contention rare; the head's
-//     compare-and-set is the real fence.
+//   - Election (election.go): one key of a protocol.KV (<cluster>.leader
+//     in the NATS bucket) holds the term, the holder and an expiry;
+//     candidates take it when it lapses, with term + 1. Campaign is the
+//     shell of a protocol.Candidate, which makes every decision. The
+//     election keeps contention rare; the head's compare-and-set is the
+//     real fence.
 //   - Members (members.go): memberlist with WAN, LAN and local profiles,
 //     an encrypted keyring read from a file or the environment (rotated by
 //     ReloadKeys), node metadata (region, agent, role, version), join with
 //     retry and graceful leave. Its live members are the coordinator's
 //     Member list and each node's live-agent count.
-//   - Loop (loop.go): one agent's link. It sends the node's reports and
+//   - Loop (loop.go): one agent's link, on Ports: a shell over
+//     protocol's Outbox, TableReader and Follower (agent side), Candidate
+//     (election) and Term (coordinator). It sends the node's reports and
 //     acks, watches the table head, verifies each table's Ed25519
 //     signature against the configured coordinator keys and hands newer
 //     tables to the agent, and — on a candidate — campaigns and, while
@@ -60,7 +73,7 @@
 //
 // # Concurrency
 //
-// Transport and Members are safe for concurrent use. A Loop's Control
+// Transport, Members and an Election are safe for concurrent use. A Loop's Control
 // methods (Report, InForce, Tables, Applied, Flush, Status) are safe for
 // concurrent use and never block; Run owns its goroutines and returns when
 // its context ends.

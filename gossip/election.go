@@ -11,7 +11,7 @@ import (
 	"github.com/meridian-quota/meridian/gossip/protocol"
 )
 
-// ElectionConfig times one candidate's campaign (see [Transport.Campaign]).
+// ElectionConfig times one candidate's campaign (see [Election.Campaign]).
 // A zero TTL is 3 s; a zero Renew is TTL/3 and a zero Poll TTL/6.
 type ElectionConfig struct {
 	// ID names this candidate in the election record, e.g. "eu/eu-1";
@@ -83,16 +83,57 @@ type Leadership struct {
 	Expires time.Time // when the holder's last renewal lapses (its clock)
 }
 
+// Election is the coordinator election over one key of a protocol.KV:
+// the NATS bucket's <cluster>.leader ([Transport.Election]) or any other
+// KV with the same compare-and-set semantics (gossip/memnet's, in tests).
+// Its zero value is not usable; an Election is a value, safe to copy and
+// for concurrent use as far as its KV is.
+type Election struct {
+	// KV is the bucket the record lives in.
+	KV protocol.KV
+	// Key is the election record's key in KV.
+	Key string
+	// Closed, when closed, ends a Campaign with ErrClosed: the KV's owner
+	// was shut down. Nil: never.
+	Closed <-chan struct{}
+	// Log receives the campaign's events (nil: discarded).
+	Log *slog.Logger
+
+	// wrap names a KV error for Leader (nil: "gossip: <what>: err").
+	wrap func(what string, err error) error
+}
+
+// Election returns the election over this transport's bucket, on the key
+// <cluster>.leader; Campaign ends with ErrClosed once the transport is
+// closed.
+func (t *Transport) Election() Election {
+	return Election{KV: natsKV{t.kv}, Key: t.keyPre + keyLeader, Closed: t.closed, Log: t.log, wrap: t.kvErr}
+}
+
+// Leader is [Election.Leader] on the transport's election.
+func (t *Transport) Leader(ctx context.Context) (Leadership, bool, error) {
+	return t.Election().Leader(ctx)
+}
+
+// Campaign is [Election.Campaign] on the transport's election: it returns
+// ErrClosed once the transport is closed.
+func (t *Transport) Campaign(ctx context.Context, cfg ElectionConfig, maxSkew time.Duration, onElected, onDeposed func(term uint64)) error {
+	return t.Election().Campaign(ctx, cfg, maxSkew, onElected, onDeposed)
+}
+
 // Leader returns the holder of the election key per the KV, ok=false when
 // nobody holds it (never elected, released, or lapsed by this process's
 // clock). It reads a KV replica, so it may lag a change by a moment.
-func (t *Transport) Leader(ctx context.Context) (Leadership, bool, error) {
-	v, _, err := natsKV{t.kv}.Get(ctx, t.keyPre+keyLeader)
+func (e Election) Leader(ctx context.Context) (Leadership, bool, error) {
+	v, _, err := e.KV.Get(ctx, e.Key)
 	if errors.Is(err, protocol.ErrNotFound) {
 		return Leadership{}, false, nil
 	}
 	if err != nil {
-		return Leadership{}, false, t.kvErr("read leader", err)
+		if e.wrap != nil {
+			return Leadership{}, false, e.wrap("read leader", err)
+		}
+		return Leadership{}, false, fmt.Errorf("gossip: read leader: %w", err)
 	}
 	r, err := protocol.ParseLeaderRecord(v)
 	if err != nil {
@@ -103,12 +144,12 @@ func (t *Transport) Leader(ctx context.Context) (Leadership, bool, error) {
 }
 
 // Campaign stands for coordinator until ctx ends (it then returns nil) or
-// the transport is closed (ErrClosed). A configuration error is returned
-// at once.
+// e.Closed is closed (ErrClosed). A configuration error is returned at
+// once.
 //
-// The election key <cluster>.leader holds a record (term, holder, expiry).
-// A follower reads it every Poll and takes it when it is absent (Create,
-// term 1) or when its expiry has passed on the follower's clock by more
+// The election key (<cluster>.leader on NATS) holds a record (term,
+// holder, expiry). A follower reads it every Poll and takes it when it is
+// absent (Create, term 1) or when its expiry has passed on the follower's clock by more
 // than maxSkew (Update on the observed revision, term + 1): the
 // compare-and-set lets exactly one of several followers win. The leader
 // renews every Renew with an Update on its own last revision, pushing the
@@ -126,7 +167,7 @@ func (t *Transport) Leader(ctx context.Context) (Leadership, bool, error) {
 // onElected(term) is called when this candidate becomes leader and
 // onDeposed(term) when it stops, including when ctx ends (after which the
 // key is released — updated with expiry 0 — so a successor need not wait
-// for TTL) and when the transport closes. Both run on the Campaign
+// for TTL) and when e.Closed is closed. Both run on the Campaign
 // goroutine, alternate strictly starting with onElected, and must return
 // quickly: renewals wait for them. Nil callbacks are allowed.
 //
@@ -140,7 +181,7 @@ func (t *Transport) Leader(ctx context.Context) (Leadership, bool, error) {
 // write based on the old revision fails with ErrFenced. Coordinators must
 // therefore store each table on the revision they last wrote or read,
 // never blindly.
-func (t *Transport) Campaign(ctx context.Context, cfg ElectionConfig, maxSkew time.Duration, onElected, onDeposed func(term uint64)) error {
+func (e Election) Campaign(ctx context.Context, cfg ElectionConfig, maxSkew time.Duration, onElected, onDeposed func(term uint64)) error {
 	var errs []error
 	if err := cfg.Validate(); err != nil {
 		errs = append(errs, err)
@@ -158,20 +199,24 @@ func (t *Transport) Campaign(ctx context.Context, cfg ElectionConfig, maxSkew ti
 		onDeposed = func(uint64) {}
 	}
 	cfg = cfg.withDefaults()
+	log := e.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	pcfg := protocol.ElectionConfig{ID: cfg.ID, TTL: cfg.TTL, Renew: cfg.Renew, Poll: cfg.Poll, MaxSkew: maxSkew}
 	cand, err := protocol.NewCandidate(pcfg, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	if err != nil {
 		return fmt.Errorf("gossip: campaign: %w", err) // Validate admits only what a candidate runs
 	}
 	c := &campaign{
-		kv:        natsKV{t.kv},
-		key:       t.keyPre + keyLeader,
-		closed:    t.closed,
+		kv:        e.KV,
+		key:       e.Key,
+		closed:    e.Closed,
 		cand:      cand,
 		base:      time.Now(),
 		onElected: onElected,
 		onDeposed: onDeposed,
-		log:       t.log.With("candidate", cfg.ID),
+		log:       log.With("candidate", cfg.ID),
 	}
 	return c.run(ctx)
 }

@@ -138,24 +138,54 @@ type Status struct {
 	ClockSkew       map[string]float64 // ms, by region; leader only
 }
 
+// Ports are what a Loop runs on: the protocol's ports and the election.
+// In production [NewPorts] builds them from a dialled Transport (NATS and
+// its JetStream bucket) and Members (memberlist); tests and the simulator
+// give gossip/memnet's endpoints. The Loop's decisions are the same on
+// either: they are gossip/protocol's.
+type Ports struct {
+	// Bus carries reports and acks.
+	Bus protocol.Bus
+	// Tables holds the latest table (head compare-and-set, chunks).
+	Tables protocol.TableStore
+	// Election is the coordinator election (a candidate campaigns on it;
+	// every agent reads its holder for Status).
+	Election Election
+	// Members is the live membership; nil for none (the node counts its
+	// configured agents, the coordinator learns agents from their reports).
+	Members protocol.Membership
+}
+
+// NewPorts returns the ports of a dialled transport and, unless mem is nil,
+// of its membership.
+func NewPorts(tr *Transport, mem *Members) Ports {
+	p := Ports{Bus: tr, Tables: tr, Election: tr.Election()}
+	if mem != nil {
+		p.Members = mem // a nil *Members would be a non-nil interface
+	}
+	return p
+}
+
 // Loop is one agent's link to its cluster: it sends the node's demand
-// reports and acknowledgements over NATS, applies the tables the
-// coordinator stores in the KV bucket (signature verified) through the
+// reports and acknowledgements on the bus, applies the tables the
+// coordinator stores in the table store (signature verified) through the
 // agent's loop, feeds membership to the node, and — when Candidate and
 // elected — runs the coordinator: the rebalance core fed with every
 // agent's reports, acks and the live members, its tables signed and
-// compare-and-set into the bucket.
+// compare-and-set into the store.
 //
 // Report, InForce, Tables, Applied, Flush and Status form region/agent's
 // Control interface; they are safe for concurrent use and never block.
 type Loop struct {
-	cfg  LoopConfig
-	tr   *Transport
-	mem  *Members // nil: no membership
-	node *region.Node
-	log  *slog.Logger
-	m    *loopMetrics
-	now  func() int64 // µs, wall clock (leases are on the coordinator's clock)
+	cfg   LoopConfig
+	bus   protocol.Bus
+	store protocol.TableStore
+	elect Election
+	mem   protocol.Membership // nil: no membership
+	node  *region.Node
+	log   *slog.Logger
+	m     *loopMetrics
+	now   func() int64 // µs, wall clock (leases are on the coordinator's clock)
 
 	outMu  sync.Mutex
 	outbox *protocol.Outbox // reports and acks to send
@@ -175,15 +205,16 @@ type Loop struct {
 	follower protocol.Follower
 }
 
-// NewLoop makes a loop on a dialled transport. mem may be nil (no
-// membership: the node counts its configured agents, the coordinator
-// learns agents from their reports).
-func NewLoop(cfg LoopConfig, tr *Transport, mem *Members, node *region.Node, reg prometheus.Registerer, log *slog.Logger) (*Loop, error) {
+// NewLoop makes a loop on net (see [Ports]; [NewPorts] for a dialled
+// Transport and Members). net.Members may be nil (no membership: the node
+// counts its configured agents, the coordinator learns agents from their
+// reports).
+func NewLoop(cfg LoopConfig, net Ports, node *region.Node, reg prometheus.Registerer, log *slog.Logger) (*Loop, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if tr == nil || node == nil {
-		return nil, errors.New("gossip: NewLoop needs a transport and a node")
+	if net.Bus == nil || net.Tables == nil || net.Election.KV == nil || node == nil {
+		return nil, errors.New("gossip: NewLoop needs a bus, a table store, an election KV and a node")
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -194,7 +225,8 @@ func NewLoop(cfg LoopConfig, tr *Transport, mem *Members, node *region.Node, reg
 		return nil, err
 	}
 	return &Loop{
-		cfg: cfg, tr: tr, mem: mem, node: node, log: log, m: m,
+		cfg: cfg, bus: net.Bus, store: net.Tables, elect: net.Election, mem: net.Members,
+		node: node, log: log, m: m,
 		now:    func() int64 { return time.Now().UnixMicro() },
 		outbox: protocol.NewOutbox(cfg.Queue),
 		outc:   make(chan struct{}, 1),
@@ -275,7 +307,7 @@ func (l *Loop) Applied(t *rebalance.Table, err error) {
 }
 
 // Flush waits until every queued report and ack has been published and
-// NATS has them, or ctx ends.
+// the bus has them, or ctx ends.
 func (l *Loop) Flush(ctx context.Context) error {
 	done := make(chan struct{})
 	select {
@@ -285,7 +317,7 @@ func (l *Loop) Flush(ctx context.Context) error {
 	}
 	select {
 	case <-done:
-		return l.tr.Flush(ctx)
+		return l.bus.Flush(ctx)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -295,7 +327,7 @@ func (l *Loop) Flush(ctx context.Context) error {
 func (l *Loop) Status() Status {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := Status{Cluster: l.cfg.Cluster, Connected: l.tr.Connected(), Leader: l.leader,
+	s := Status{Cluster: l.cfg.Cluster, Connected: l.bus.Connected(), Leader: l.leader,
 		Coordinator: l.holder.ID, CoordinatorTerm: l.holder.Term, TableIssued: l.issued}
 	if l.leader {
 		s.ClockSkew = maps.Clone(l.skew)
@@ -374,9 +406,9 @@ func (l *Loop) publish(ctx context.Context, o protocol.Out) {
 	msgs, err := o.Encode(l.cfg.Cluster, l.cfg.Region, l.cfg.Agent, sent, l.cfg.MaxMessage)
 	if err == nil {
 		if kind == protocol.KindAck {
-			err = l.tr.PublishAck(l.cfg.Region, l.cfg.Agent, msgs[0])
+			err = l.bus.PublishAck(l.cfg.Region, l.cfg.Agent, msgs[0])
 		} else {
-			err = l.tr.PublishReport(l.cfg.Region, l.cfg.Agent, msgs)
+			err = l.bus.PublishReport(l.cfg.Region, l.cfg.Agent, msgs)
 		}
 	}
 	n := 0
@@ -396,11 +428,11 @@ func (l *Loop) count(kind, dir string, err error, msgs, bytes int) {
 	l.m.bytes.WithLabelValues(kind, dir).Add(float64(bytes))
 }
 
-// watchTables follows the table head in the KV bucket and hands every
+// watchTables follows the table head in the table store and hands every
 // newer, verified table to the agent.
 func (l *Loop) watchTables(ctx context.Context) error {
 	r := l.tableReader()
-	return l.tr.WatchTables(ctx, func(head []byte, rev uint64) {
+	return l.store.WatchTables(ctx, func(head []byte, rev uint64) {
 		t, err := l.readTable(ctx, r, head)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -432,7 +464,7 @@ func (l *Loop) tableReader() *protocol.TableReader {
 // its table, counting the verified chunks read.
 func (l *Loop) readTable(ctx context.Context, r *protocol.TableReader, head []byte) (*rebalance.Table, error) {
 	msgs, bytes := r.Accepted()
-	t, err := protocol.ReadTable(ctx, l.tr, r, head)
+	t, err := protocol.ReadTable(ctx, l.store, r, head)
 	if m, b := r.Accepted(); m > msgs {
 		l.m.msgs.WithLabelValues("table", "in").Add(float64(m - msgs))
 		l.m.bytes.WithLabelValues("table", "in").Add(float64(b - bytes))
@@ -454,7 +486,7 @@ func (l *Loop) watchLeader(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
-		if ld, ok, err := l.tr.Leader(ctx); err == nil {
+		if ld, ok, err := l.elect.Leader(ctx); err == nil {
 			l.mu.Lock()
 			if ok {
 				l.holder = ld
@@ -529,7 +561,7 @@ func (l *Loop) campaignOnce(ctx context.Context) error {
 	cdone := make(chan struct{})
 	go func() {
 		defer close(cdone)
-		err := l.tr.Campaign(ectx, l.cfg.Election, l.cfg.Coordinator.MaxSkew, set, func(uint64) { set(0) })
+		err := l.elect.Campaign(ectx, l.cfg.Election, l.cfg.Coordinator.MaxSkew, set, func(uint64) { set(0) })
 		if err != nil && ectx.Err() == nil {
 			l.log.Warn("campaign stopped", "err", err)
 		}
@@ -640,19 +672,19 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			}
 		}
 	}
-	stopR, err := l.tr.SubscribeReports(push(reports, "report"))
+	stopR, err := l.bus.SubscribeReports(push(reports, "report"))
 	if err != nil {
 		return err
 	}
 	defer stopR()
-	stopA, err := l.tr.SubscribeAcks(push(acks, "ack"))
+	stopA, err := l.bus.SubscribeAcks(push(acks, "ack"))
 	if err != nil {
 		return err
 	}
 	defer stopA()
 
 	// The shares in force: the latest stored table.
-	head, rev, ok, err := l.tr.LatestTable(ctx)
+	head, rev, ok, err := l.store.LatestTable(ctx)
 	if err != nil {
 		return fmt.Errorf("read the latest table: %w", err)
 	}
@@ -685,7 +717,7 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 		if err != nil {
 			return fmt.Errorf("encode table: %w", err)
 		}
-		nrev, serr := l.tr.StoreTable(ctx, rev, t.Term, t.Epoch, chunks)
+		nrev, serr := l.store.StoreTable(ctx, rev, t.Term, t.Epoch, chunks)
 		if err := tm.Stored(t, serr); err != nil {
 			l.m.fenced.Inc()
 			return err

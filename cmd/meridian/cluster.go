@@ -133,7 +133,7 @@ func joinCluster(ctx context.Context, cfg *agent.Config, node *region.Node, reg 
 		tr.Close()
 		return nil, fmt.Errorf("cluster.members: %w", err)
 	}
-	loop, err := gossip.NewLoop(lc, tr, mem, node, reg, log)
+	loop, err := gossip.NewLoop(lc, gossip.NewPorts(tr, mem), node, reg, log)
 	if err != nil {
 		_ = mem.Leave(time.Second)
 		tr.Close()

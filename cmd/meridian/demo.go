@@ -385,7 +385,7 @@ func (c *demoCluster) link(ctx context.Context, r *demoRegion, acfg *agent.Confi
 	lc.Coordinator = coordinatorConfig(acfg)
 	lc.Candidate, lc.SignKey, lc.VerifyKeys = true, c.sign, c.verify
 	r.reg = prometheus.NewRegistry()
-	loop, err := gossip.NewLoop(lc, tr, mem, r.node, r.reg, c.log)
+	loop, err := gossip.NewLoop(lc, gossip.NewPorts(tr, mem), r.node, r.reg, c.log)
 	if err != nil {
 		_ = mem.Leave(time.Second)
 		tr.Close()
