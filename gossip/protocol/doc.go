@@ -52,7 +52,7 @@
 // One coordinator per cluster is elected through one key of the KV port,
 // <cluster>.leader, holding a LeaderRecord (term, holder, since, expiry;
 // JSON, version 1). Candidate is one candidate's side of it as a state
-// machine: the shell (gossip.Transport.Campaign on JetStream KV, the
+// machine: the shell (gossip.Election.Campaign on JetStream KV or memnet, the
 // simulator on an in-memory bucket) calls Step with two clock readings
 // (Clocks: wall and monotonic µs) and the outcome of the op it last
 // performed, and performs the KVOp it gets back — wait, read, create,
