@@ -1,8 +1,12 @@
 // Package sim is the discrete-event simulator operators use to choose a
 // share strategy and a rebalance interval. It runs the real code — per
-// region region.Nodes on gcra/memstore under a virtual clock, the real
-// rebalance coordinator (strategies, leases, acknowledgements, terms,
-// learning mode) — and simulates only the links and faults: per region
+// region region.Nodes on gcra/memstore under a virtual clock, the
+// coordinator's term as gossip.Loop runs it (protocol.Term: keys learned
+// from the reports that name them and idle ones dropped, the policy's
+// budgets, membership before the term starts, the start from the stored
+// table, what to store; around the rebalance core's strategies, leases,
+// acknowledgements and learning mode) and each agent's protocol.Follower
+// (which tables reach it) — and simulates only the links and faults: per region
 // pair one-way latency with jitter and loss, partitions, region loss,
 // coordinator failover, Redis outages (exercising the failure modes) and
 // clock skew. Nothing here decides, shares, leases or rebalances on its

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gcra/memstore"
+	"github.com/meridian-quota/meridian/gossip/protocol"
 	"github.com/meridian-quota/meridian/gossip/wire"
 	"github.com/meridian-quota/meridian/rebalance"
 	"github.com/meridian-quota/meridian/region"
@@ -129,9 +131,9 @@ type regionState struct {
 	store  *memstore.Store
 	fail   failStore
 	nodes  []*region.Node
-	clocks []region.Clock // per agent: its time, from its host's wall clock (nodeNow)
-	acked  [][2]uint64    // per agent: the (term, epoch) last acknowledged
-	down   bool
+	clocks []region.Clock      // per agent: its time, from its host's wall clock (nodeNow)
+	acked  [][2]uint64         // per agent: the (term, epoch) last acknowledged
+	follow []protocol.Follower // per agent: which tables reach it, as gossip.Loop decides
 	rr     int
 	weight float64
 	first  int // index of this region's first agent among all agents
@@ -205,15 +207,12 @@ type Run struct {
 	keys    []key
 	regions []*regionState
 	policy  *region.Policy
-	budgets []rebalance.Budget
 	rcfg    rebalance.Config
 
-	coord     *rebalance.Coordinator
-	coordUp   bool
+	coord     *protocol.Term // the coordinator's term, as gossip.Loop runs it; nil while down
 	coordIdx  int
 	term      uint64
 	stored    *rebalance.Table // the KV bucket's latest table
-	members   []rebalance.Member
 	end       int64
 	warmup    int64
 	tickEvery int64
@@ -236,6 +235,10 @@ type decisions struct {
 	Reports, Tables, Acks, Lost          int64
 	ReportBytes, TableBytes, AckBytes    int64
 	Fallbacks, Errored                   int64
+	// What production's protocol code refused or counted: reports the
+	// coordinator's queue dropped, reported keys beyond MaxKeys (per
+	// report naming them), tables an agent's Follower found stale.
+	QueueDropped, Overflow, StaleTables int64
 }
 
 // NewRun prepares a run of sc under one strategy, interval and seed,
@@ -341,11 +344,12 @@ func (r *Run) buildKeys() error {
 	if err != nil {
 		return fmt.Errorf("sim: build the policy: %w", err)
 	}
+	// One rule per key (descriptor value = the key's id): the policy the
+	// nodes resolve requests with is the one the coordinator's term budgets
+	// reported keys by (RuleForKey on the key's name).
 	r.policy = p
-	r.budgets = make([]rebalance.Budget, n)
 	for i, rule := range p.Rules() {
 		r.keys[i].budget = rule.Limit
-		r.budgets[i], _ = rule.Budget(r.keys[i].name)
 	}
 	return nil
 }
@@ -442,6 +446,7 @@ func (r *Run) buildRegions() error {
 			st.nodes = append(st.nodes, n)
 			st.clocks = append(st.clocks, region.Clock{})
 			st.acked = append(st.acked, [2]uint64{})
+			st.follow = append(st.follow, protocol.Follower{})
 		}
 		r.regions = append(r.regions, st)
 		if rg.Name == r.sc.Coordinator.Region {
@@ -461,48 +466,87 @@ func (r *Run) buildRegions() error {
 	return r.startCoordinator(0)
 }
 
+// The coordinator's term configuration beyond the rebalance core's:
+// gossip.DefaultLoopConfig's defaults (sim may not import gossip; a
+// scenario has no knob for them yet).
+const (
+	simMaxKeys = 1_000_000   // gossip.DefaultLoopConfig().MaxKeys
+	simKeyIdle = time.Minute // gossip.DefaultLoopConfig().KeyIdle
+	simQueue   = 64          // gossip.DefaultLoopConfig().Queue
+)
+
+// termConfig is the configuration each coordinator term runs on.
+func (r *Run) termConfig() protocol.CoordinatorConfig {
+	return protocol.CoordinatorConfig{
+		Coordinator: r.rcfg,
+		MaxKeys:     simMaxKeys,
+		// At least one interval, as an operator must configure it for a
+		// longer Δ (Validate refuses less).
+		KeyIdle: max(simKeyIdle, r.rcfg.Interval),
+		Queue:   simQueue,
+	}
+}
+
+// startCoordinator starts the next term at now as gossip.Loop.coordinate
+// does: a protocol.Term from the latest stored table with the live members
+// (given to the core before its StartTerm), whose first table is stored
+// and published at once. The term learns its keys from the reports that
+// name them, budgeted by the nodes' policy, and keeps the stored table's.
 func (r *Run) startCoordinator(now int64) error {
-	c, err := rebalance.NewCoordinator(r.rcfg, r.budgets)
-	if err != nil {
-		return err
-	}
-	c.SetPolicyVersion(r.policy.Version())
 	r.term++
-	// Membership before the term starts, as the shell does: the term's
-	// first table names the live agents.
-	r.coord, r.members = c, nil
-	if err := r.membership(); err != nil {
+	tm, err := protocol.NewTerm(r.termConfig(), r.term, r.stored, r.live(), r.policy, now)
+	if err != nil {
+		// Only this run writes the bucket, each term once after the last:
+		// a stored table of this term or a later one is a simulator bug.
+		return fmt.Errorf("sim: start coordinator term %d: %w", r.term, err)
+	}
+	r.coord = tm
+	if err := r.termEvents(); err != nil {
 		return err
 	}
-	if err := c.StartTerm(r.term, r.stored, now); err != nil {
-		return err
-	}
-	r.coordUp = true
-	r.publish()
+	r.publish(tm.Unstored())
 	return nil
 }
 
-// membership tells the coordinator which agents it can see: those of the
-// regions that are up and not partitioned from it, as memberlist would
-// after its failure detection (modelled as instant).
-func (r *Run) membership() error {
-	var members []rebalance.Member
+// live lists the agents the coordinator can see, sorted as
+// protocol.Membership.Live lists them: those of the regions that are up
+// and not partitioned from it, as memberlist would after its failure
+// detection (modelled as instant). Never nil: the sim always has
+// membership.
+func (r *Run) live() []rebalance.Member {
+	members := []rebalance.Member{}
 	for ri, rg := range r.regions {
 		if r.regionDown(ri, r.now) || r.partitioned(ri, r.coordIdx) {
 			continue
 		}
 		for a := range rg.nodes {
-			members = append(members, rebalance.Member{Region: rg.name, Agent: fmt.Sprintf("%s-%d", rg.name, a+1)})
+			members = append(members, rebalance.Member{Region: rg.name, Agent: agentName(rg.name, a)})
 		}
 	}
-	if r.members != nil && slices.Equal(members, r.members) {
-		return nil
+	slices.SortFunc(members, func(a, b rebalance.Member) int {
+		return cmp.Or(strings.Compare(a.Region, b.Region), strings.Compare(a.Agent, b.Agent))
+	})
+	return members
+}
+
+// agentName is the name of region rg's agent a (0-based).
+func agentName(rg string, a int) string { return fmt.Sprintf("%s-%d", rg, a+1) }
+
+// termEvents drains what the term refused or counted. A refused
+// membership list or budgets would mean the simulator built a cluster its
+// coordinator cannot run — a bug, so it fails the run; overflowing keys
+// are counted, and a refused report (from an unknown region: none is
+// sent) fails too.
+func (r *Run) termEvents() error {
+	for _, e := range r.coord.Events() {
+		switch e.Kind {
+		case protocol.EventOverflow:
+			r.dec.Overflow += int64(e.N)
+		default:
+			return fmt.Errorf("sim: coordinator term %d: %v: %w", r.term, e.Kind, e.Err)
+		}
 	}
-	r.members = members
-	if members == nil {
-		r.members = []rebalance.Member{}
-	}
-	return r.coord.MemberChange(members)
+	return nil
 }
 
 // partitioned reports whether a partition separates regions a and b now.
@@ -732,31 +776,42 @@ func (r *Run) handle(e *event) error {
 		r.agentTick(int(e.a), int(e.b))
 		r.schedule(event{t: e.t + r.tickEvery, kind: evAgentTick, a: e.a, b: e.b})
 	case evCoordTick:
-		if r.coordUp {
-			if err := r.membership(); err != nil {
+		// gossip.Loop.coordinate's tick: the policy in force, the live
+		// members, the term's Tick; then store and publish what it returns.
+		if tm := r.coord; tm != nil {
+			tm.Policy(r.policy)
+			tm.Members(r.live())
+			t := tm.Tick(r.coordNow())
+			if err := r.termEvents(); err != nil {
 				return err
 			}
-			r.coord.Tick(r.coordNow())
-			r.publish()
+			r.publish(t)
 		}
 		r.schedule(event{t: e.t + r.tickEvery, kind: evCoordTick})
 	case evReport:
-		if r.coordUp {
-			_ = r.coord.Observe(e.msg.(*rebalance.Report), r.coordNow())
+		if tm := r.coord; tm != nil {
+			sr := e.msg.(*sentReport)
+			if a := tm.Report(sr.rep, sr.sent, r.coordNow()); !a.Queued {
+				r.dec.QueueDropped++
+			}
 		}
 	case evAck:
-		if r.coordUp {
+		if tm := r.coord; tm != nil {
 			rg := r.regions[e.a]
 			tv := e.msg.([2]uint64)
-			_ = r.coord.Ack(rg.name, fmt.Sprintf("%s-%d", rg.name, e.b+1), tv[0], tv[1])
+			_ = tm.Ack(rg.name, agentName(rg.name, int(e.b)), tv[0], tv[1]) // production logs and ignores it
 		}
 	case evTable:
+		// Each agent's Follower decides whether the table reaches it
+		// (strictly newer by term and epoch than the last delivered), as
+		// gossip.Loop's watch does; the node applies what it delivers.
 		rg := r.regions[e.a]
-		if rg.down {
-			return nil
-		}
 		t := e.msg.(*rebalance.Table)
 		for a, n := range rg.nodes {
+			if ok, _ := rg.follow[a].Offer(t); !ok {
+				r.dec.StaleTables++
+				continue
+			}
 			if err := n.Apply(t, rg.nodeNow(a, e.t)); err != nil && !errors.Is(err, region.ErrStaleTable) {
 				return fmt.Errorf("sim: apply table: %w", err)
 			}
@@ -769,7 +824,7 @@ func (r *Run) handle(e *event) error {
 		r.sync()
 		r.schedule(event{t: e.t + us(r.sc.Sync), kind: evSync})
 	case evFailoverDown:
-		r.coordUp = false
+		r.coord = nil // its reports and acks are lost; the stored table stays
 	case evFailoverUp:
 		if err := r.startCoordinator(r.coordNow()); err != nil {
 			return err
@@ -1108,7 +1163,7 @@ func (r *Run) agentTick(ri, a int) {
 	local := rg.nodeNow(a, r.now)
 	if rep := n.Tick(local); rep != nil && !r.baseline() {
 		bytes, msgs := wire.ReportSize(wireCluster, rep, local, wire.DefaultMaxMessage)
-		r.send(ri, evReport, int32(ri), int32(a), rep, bytes, msgs)
+		r.send(ri, evReport, int32(ri), int32(a), &sentReport{rep: rep, sent: local}, bytes, msgs)
 	}
 	if r.baseline() {
 		return
@@ -1116,7 +1171,7 @@ func (r *Run) agentTick(ri, a int) {
 	term, epoch := n.InForce(local)
 	if tv := [2]uint64{term, epoch}; tv != rg.acked[a] && term > 0 {
 		rg.acked[a] = tv
-		ack := wire.Ack{Region: rg.name, Agent: fmt.Sprintf("%s-%d", rg.name, a+1), Term: term, Epoch: epoch, Sent: local}
+		ack := wire.Ack{Region: rg.name, Agent: agentName(rg.name, a), Term: term, Epoch: epoch, Sent: local}
 		r.send(ri, evAck, int32(ri), int32(a), tv, wire.AckSize(wireCluster, ack), 1)
 	}
 }
@@ -1133,30 +1188,41 @@ func (r *Run) send(ri int, kind uint8, a, b int32, msg any, bytes, msgs int) {
 		r.dec.AckBytes += int64(bytes)
 	}
 	d, lost := r.link(ri, r.coordIdx)
-	if lost || !r.coordUp {
+	if lost || r.coord == nil {
 		r.dec.Lost += int64(msgs)
 		return
 	}
 	r.schedule(event{t: r.now + d, kind: kind, a: a, b: b, msg: msg})
 }
 
-// publish stores and sends the coordinator's ready tables.
-func (r *Run) publish() {
-	for _, t := range r.coord.Ready() {
-		r.stored = t // compare-and-set into the KV bucket, then publish
-		bytes, msgs := wire.TableSize(wireCluster, t, wire.DefaultMaxMessage)
-		for ri := range r.regions {
-			r.dec.Tables += int64(msgs)
-			r.dec.TableBytes += int64(bytes)
-			d, lost := r.link(r.coordIdx, ri)
-			if lost {
-				r.dec.Lost += int64(msgs)
-				continue
-			}
-			r.schedule(event{t: r.now + d, kind: evTable, a: int32(ri), msg: t})
-		}
+// sentReport is a report in flight with the agent's clock when it sent
+// it, as wire.EncodeReport stamps it (the term's skew estimate).
+type sentReport struct {
+	rep  *rebalance.Report
+	sent int64
+}
+
+// publish stores t (nil: nothing to store) in the KV bucket — the sim's
+// compare-and-set always succeeds: one coordinator writes at a time — and
+// sends it to every region over the links, as the agents' watches of the
+// bucket would deliver it.
+func (r *Run) publish(t *rebalance.Table) {
+	if t == nil {
+		return
 	}
-	r.coord.Advance()
+	r.stored = t
+	_ = r.coord.Stored(t, nil) // nil error: never deposed
+	bytes, msgs := wire.TableSize(wireCluster, t, wire.DefaultMaxMessage)
+	for ri := range r.regions {
+		r.dec.Tables += int64(msgs)
+		r.dec.TableBytes += int64(bytes)
+		d, lost := r.link(r.coordIdx, ri)
+		if lost {
+			r.dec.Lost += int64(msgs)
+			continue
+		}
+		r.schedule(event{t: r.now + d, kind: evTable, a: int32(ri), msg: t})
+	}
 }
 
 // wireCluster is the cluster name the simulator's messages carry, for

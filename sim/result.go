@@ -37,6 +37,14 @@ type Result struct {
 	// (Scenario.OnError decided them); they are among Fallbacks.
 	Errored int64 `json:"errored"`
 	Lost    int64 `json:"lost_messages"`
+	// What production's protocol code refused or counted (omitted when
+	// zero): reports the coordinator's queue dropped, reported keys beyond
+	// its MaxKeys (per report naming them), and tables an agent's
+	// protocol.Follower found stale (not newer than the last delivered —
+	// a later table overtook them on the links).
+	QueueDropped int64 `json:"queue_dropped,omitempty"`
+	Overflow     int64 `json:"keys_overflow,omitempty"`
+	StaleTables  int64 `json:"stale_tables,omitempty"`
 
 	Keys []KeyResult `json:"keys,omitempty"`
 	Top  []TopKey    `json:"top_keys,omitempty"`
@@ -86,7 +94,8 @@ type TopKey struct {
 func (r *Run) result() *Result {
 	res := &Result{Scenario: r.sc.Name, Strategy: r.strategy, Interval: Duration(time.Duration(r.interval) * time.Microsecond),
 		Seed: r.seed, Requests: r.dec.Requests, Retries: r.dec.Retries, Dropped: r.dec.Dropped,
-		Fallbacks: r.dec.Fallbacks, Errored: r.dec.Errored, Lost: r.dec.Lost, BytesEstimated: r.strategy == ReplicatedCounter}
+		Fallbacks: r.dec.Fallbacks, Errored: r.dec.Errored, Lost: r.dec.Lost, BytesEstimated: r.strategy == ReplicatedCounter,
+		QueueDropped: r.dec.QueueDropped, Overflow: r.dec.Overflow, StaleTables: r.dec.StaleTables}
 	r.m.fill(res)
 	kr := float64(len(r.keys)*len(r.regions)) * float64(r.end) / 1e6
 	res.Messages = float64(r.dec.Reports+r.dec.Tables+r.dec.Acks) / kr
