@@ -69,9 +69,9 @@ func DefaultLoopConfig(cluster, regionName, agentName string, regions ...string)
 		Limits:      wire.DefaultLimits(),
 		MaxMessage:  wire.DefaultMaxMessage, // below NATS's default 1 MiB max_payload
 		TickEvery:   100 * time.Millisecond, // acks and increases go out within a tenth of a second
-		MaxKeys:     1_000_000,              // the wire format's bound; memory is per key
-		KeyIdle:     time.Minute,            // twelve 5 s intervals: a paused tenant keeps its shares a while
-		Queue:       64,                     // a few intervals of reports; older ones are stale anyway
+		MaxKeys:     protocol.DefaultMaxKeys,
+		KeyIdle:     protocol.DefaultKeyIdle,
+		Queue:       protocol.DefaultQueue,
 	}
 }
 

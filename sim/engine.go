@@ -466,24 +466,17 @@ func (r *Run) buildRegions() error {
 	return r.startCoordinator(0)
 }
 
-// The coordinator's term configuration beyond the rebalance core's:
-// gossip.DefaultLoopConfig's defaults (sim may not import gossip; a
-// scenario has no knob for them yet).
-const (
-	simMaxKeys = 1_000_000   // gossip.DefaultLoopConfig().MaxKeys
-	simKeyIdle = time.Minute // gossip.DefaultLoopConfig().KeyIdle
-	simQueue   = 64          // gossip.DefaultLoopConfig().Queue
-)
-
 // termConfig is the configuration each coordinator term runs on.
 func (r *Run) termConfig() protocol.CoordinatorConfig {
 	return protocol.CoordinatorConfig{
 		Coordinator: r.rcfg,
-		MaxKeys:     simMaxKeys,
+		// Production's defaults (gossip.DefaultLoopConfig uses the same);
+		// a scenario has no knob for them yet.
+		MaxKeys: protocol.DefaultMaxKeys,
 		// At least one interval, as an operator must configure it for a
 		// longer Δ (Validate refuses less).
-		KeyIdle: max(simKeyIdle, r.rcfg.Interval),
-		Queue:   simQueue,
+		KeyIdle: max(protocol.DefaultKeyIdle, r.rcfg.Interval),
+		Queue:   protocol.DefaultQueue,
 	}
 }
 

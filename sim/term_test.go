@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/meridian-quota/meridian/gossip/protocol"
 )
 
 // TestTermLearnsKeysFromReports holds the run's coordinator to production's
@@ -48,14 +50,14 @@ workload: {rate: 600, on_off: {alpha: 1.5, mean_on: 20s, mean_off: 90s}}
 	// and the end of the run (demand in its last seconds may not have
 	// reached a table yet).
 	const margin = 3_000_000
-	idle := simKeyIdle.Microseconds()
+	idle := protocol.DefaultKeyIdle.Microseconds()
 	var recent, gone int
 	for i, k := range r.keys {
 		switch {
 		case last[i] >= 0 && last[i] < r.end-idle-margin:
 			gone++
 			if in[k.name] {
-				t.Errorf("%s: last offered at %.1fs, still in the last table at %.0fs (KeyIdle %v)", k.name, float64(last[i])/1e6, float64(r.end)/1e6, simKeyIdle)
+				t.Errorf("%s: last offered at %.1fs, still in the last table at %.0fs (KeyIdle %v)", k.name, float64(last[i])/1e6, float64(r.end)/1e6, protocol.DefaultKeyIdle)
 			}
 		case last[i] >= r.end-idle+margin && last[i] < r.end-margin:
 			recent++

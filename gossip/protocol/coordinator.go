@@ -27,6 +27,14 @@ type CoordinatorConfig struct {
 	Queue int
 }
 
+// The term defaults, which gossip.DefaultLoopConfig and the simulator
+// both use, so production and the simulator cannot drift apart.
+const (
+	DefaultMaxKeys = 1_000_000   // the wire format's bound; memory is per key
+	DefaultKeyIdle = time.Minute // twelve 5 s intervals: a paused tenant keeps its shares a while
+	DefaultQueue   = 64          // a few intervals of reports; older ones are stale anyway
+)
+
 // Validate reports every problem with c.
 func (c *CoordinatorConfig) Validate() error {
 	var errs []error
