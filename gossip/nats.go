@@ -300,7 +300,8 @@ type Transport struct {
 	keyPre  string // "<cluster>."
 	subjPre string // "meridian.<cluster>."
 	kvSubj  string // "$KV.<bucket>." : the stream subject of a key is kvSubj + key
-	resync  time.Duration
+
+	watch protocol.WatchConfig // WatchTables's timings
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -348,7 +349,7 @@ func Dial(ctx context.Context, cluster string, cfg NATSConfig, log *slog.Logger)
 		keyPre:      cluster + ".",
 		subjPre:     "meridian." + cluster + ".",
 		kvSubj:      "$KV." + cfg.Bucket + ".",
-		resync:      watchResync,
+		watch:       protocol.WatchConfig{Resync: watchResync, RetryMin: retryMin, RetryMax: retryMax},
 		closed:      make(chan struct{}),
 		reconnected: make(chan struct{}),
 	}
@@ -868,23 +869,22 @@ func (t *Transport) FetchChunks(ctx context.Context, term, epoch uint64, count i
 // recreated, which delivers the current head again; besides, the head is
 // reread every few seconds in case the watch stalled without a
 // reconnect. A head whose revision went backwards (the bucket was deleted
-// and recreated) is not delivered until it passes the last one seen.
+// and recreated) is not delivered until it passes the last one seen. Those
+// decisions, and the backoff between failed attempts to create the watch,
+// are protocol.HeadWatch's, shared with memnet.
 func (t *Transport) WatchTables(ctx context.Context, fn func(head []byte, rev uint64)) error {
 	// Everything below stops when ctx ends or the transport closes; the
 	// end tells the two apart.
 	ctx, cancel := cancelOn(ctx, t.closed)
 	defer cancel()
 	key := t.keyPre + keyHead
-	var last uint64
+	hw := protocol.NewHeadWatch(t.watch)
 	deliver := func(e jetstream.KeyValueEntry) {
-		if e == nil || e.Operation() != jetstream.KeyValuePut || e.Revision() <= last {
+		if e == nil || e.Operation() != jetstream.KeyValuePut || !hw.Seen(e.Revision()) {
 			return
 		}
-		last = e.Revision()
-		fn(e.Value(), last)
+		fn(e.Value(), e.Revision())
 	}
-	wait := retryMin
-	failures := 0
 	for ctx.Err() == nil {
 		reconnected := t.reconnectSignal()
 		w, err := t.watchHead(ctx, key, reconnected)
@@ -892,29 +892,40 @@ func (t *Transport) WatchTables(ctx context.Context, fn func(head []byte, rev ui
 			if ctx.Err() != nil {
 				break
 			}
-			failures++
-			if failures == 1 {
+			retry := time.NewTimer(untilMicros(hw.Failed(nowMicros())))
+			if hw.Failures() == 1 {
 				t.log.Warn("table watch: retrying", "err", err)
 			}
 			select {
 			case <-ctx.Done():
 			case <-reconnected:
-			case <-time.After(wait):
+			case <-retry.C:
 			}
-			wait = min(2*wait, retryMax)
+			retry.Stop()
 			continue
 		}
-		if failures > 0 {
-			t.log.Info("table watch: resumed", "after_failures", failures)
+		if n := hw.Failures(); n > 0 {
+			t.log.Info("table watch: resumed", "after_failures", n)
 		}
-		wait, failures = retryMin, 0
-		t.follow(ctx, w, reconnected, deliver)
+		t.follow(ctx, w, reconnected, hw.Up(nowMicros()), &hw.WatchTimer, deliver)
 		stopWatch(w)
 	}
 	if t.isClosed() {
 		return ErrClosed
 	}
 	return nil
+}
+
+// nowMicros is the shell's clock for protocol.HeadWatch: µs on the
+// monotonic clock since the process started (a wall-clock step must not
+// stall a resync).
+func nowMicros() int64 { return time.Since(monoStart).Microseconds() }
+
+var monoStart = time.Now()
+
+// untilMicros returns how long from now until instant at (nowMicros).
+func untilMicros(at int64) time.Duration {
+	return max(time.Duration(at-nowMicros())*time.Microsecond, 0)
 }
 
 // cancelOn returns a copy of ctx that also ends when done is closed.
@@ -943,9 +954,10 @@ func (t *Transport) watchHead(ctx context.Context, key string, reconnected <-cha
 }
 
 // follow delivers a watch's entries until ctx ends, the KV connection
-// reconnects or the watch ends (to be recreated).
-func (t *Transport) follow(ctx context.Context, w jetstream.KeyWatcher, reconnected <-chan struct{}, deliver func(jetstream.KeyValueEntry)) {
-	resync := time.NewTicker(t.resync)
+// reconnects or the watch ends (to be recreated), and rereads the head at
+// resyncAt and then when timer says.
+func (t *Transport) follow(ctx context.Context, w jetstream.KeyWatcher, reconnected <-chan struct{}, resyncAt int64, timer *protocol.WatchTimer, deliver func(jetstream.KeyValueEntry)) {
+	resync := time.NewTimer(untilMicros(resyncAt))
 	defer resync.Stop()
 	for {
 		select {
@@ -959,12 +971,14 @@ func (t *Transport) follow(ctx context.Context, w jetstream.KeyWatcher, reconnec
 			}
 			deliver(e) // nil marks the end of the initial values
 		case <-resync.C:
+			resyncAt = timer.NextResync(resyncAt)
 			gctx, cancel := context.WithTimeout(ctx, opTimeout)
 			e, err := t.kv.Get(gctx, t.keyPre+keyHead)
 			cancel()
 			if err == nil {
 				deliver(e)
 			}
+			resync.Reset(untilMicros(resyncAt))
 		}
 	}
 }

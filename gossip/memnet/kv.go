@@ -485,8 +485,9 @@ func (a *Agent) FetchChunksAsync(term, epoch uint64, count int, done func(chunks
 }
 
 // watch is one table watcher: a KV watch of the head while active, and
-// the loop around it that re-creates it, resyncs and dedups, as
-// gossip.Transport.WatchTables does.
+// the loop around it that re-creates it, resyncs and dedups, deciding
+// through protocol's HeadOrder and WatchTimer as
+// gossip.Transport.WatchTables does through HeadWatch.
 type watch struct {
 	a *Agent
 
@@ -494,12 +495,17 @@ type watch struct {
 	active  bool
 	gen     uint64 // bumped when the watch is created or dropped
 	attempt uint64 // the create attempt that counts
-	retry   time.Duration
+	timer   protocol.WatchTimer
 
 	mu      sync.Mutex // held while fn runs
 	fn      func([]byte, uint64)
-	last    uint64
+	order   protocol.HeadOrder
 	stopped bool
+}
+
+// watchConfig is the protocol's form of c's watch timing.
+func (c Config) watchConfig() protocol.WatchConfig {
+	return protocol.WatchConfig{Resync: c.WatchResync, RetryMin: c.WatchRetryMin, RetryMax: c.WatchRetryMax}
 }
 
 // WatchHeads calls fn with the current head, if any, once its watch is up
@@ -514,7 +520,7 @@ type watch struct {
 // fn; it must not be called from fn.
 func (a *Agent) WatchHeads(fn func(head []byte, rev uint64)) (stop func()) {
 	n := a.n
-	w := &watch{a: a, fn: fn, retry: n.cfg.WatchRetryMin}
+	w := &watch{a: a, fn: fn, timer: protocol.NewWatchTimer(n.cfg.watchConfig())}
 	n.mu.Lock()
 	n.watches = append(n.watches, w)
 	n.scheduleCreateLocked(w, 0)
@@ -577,10 +583,9 @@ func (a *Agent) WatchTables(ctx context.Context, fn func(head []byte, rev uint64
 func (w *watch) offer(head []byte, rev uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.stopped || rev <= w.last {
+	if w.stopped || !w.order.Seen(rev) {
 		return
 	}
-	w.last = rev
 	w.fn(append([]byte(nil), head...), rev)
 }
 
@@ -600,17 +605,15 @@ func (n *Network) createWatch(w *watch, att uint64) {
 	}
 	if !n.kvUpLocked(w.a) {
 		w.a.count.KVErrors++
-		d := w.retry
-		w.retry = min(2*w.retry, n.cfg.WatchRetryMax)
-		n.scheduleCreateLocked(w, d)
+		now := n.clock.Now()
+		n.scheduleCreateLocked(w, time.Duration(w.timer.Failed(now)-now)*time.Microsecond)
 		n.mu.Unlock()
 		return
 	}
 	w.active = true
 	w.gen++
-	w.retry = n.cfg.WatchRetryMin
 	w.a.count.KVWatches++
-	n.scheduleResyncLocked(w)
+	n.scheduleResyncLocked(w, w.timer.Up(n.clock.Now()))
 	e, ok := n.bucket.keys[keyHead]
 	n.mu.Unlock()
 	if ok {
@@ -618,16 +621,18 @@ func (n *Network) createWatch(w *watch, att uint64) {
 	}
 }
 
-func (n *Network) scheduleResyncLocked(w *watch) {
+// scheduleResyncLocked has w reread the head at instant at while the
+// watch is up, and then on w.timer's schedule.
+func (n *Network) scheduleResyncLocked(w *watch, at int64) {
 	g := w.gen
-	n.afterLocked(n.cfg.WatchResync, func() {
+	n.atLocked(at, func() {
 		n.mu.Lock()
 		if !w.active || w.gen != g {
 			n.mu.Unlock()
 			return
 		}
 		w.a.count.KVGets++
-		n.scheduleResyncLocked(w)
+		n.scheduleResyncLocked(w, w.timer.NextResync(n.clock.Now()))
 		e, ok := n.bucket.keys[keyHead]
 		n.mu.Unlock()
 		if ok {
@@ -655,7 +660,7 @@ func (n *Network) refreshWatchesLocked() {
 		case w.active && !up:
 			n.dropWatchLocked(w)
 		case !w.active && up:
-			w.retry = n.cfg.WatchRetryMin
+			w.timer.Reset()
 			n.scheduleCreateLocked(w, 0)
 		}
 	}

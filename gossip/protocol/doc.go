@@ -75,6 +75,26 @@
 // authority: the table head's compare-and-set (TableStore, ErrFenced) is
 // the fence that keeps a deposed coordinator that has not noticed yet
 // from publishing.
+//
+// # Watch
+//
+// An agent follows the table head through a watch of its key, which the
+// adapters (gossip.Transport.WatchTables, memnet's WatchHeads) create,
+// re-create after a drop or reconnect, and back up with a reread every
+// Resync; HeadWatch decides for both. HeadOrder delivers a head only when
+// its revision is above the last delivered, so the follower sees each head
+// once, in order, however many paths (initial value, update, re-created
+// watch, resync) bring it. WatchTimer backs a failed watch off from
+// RetryMin, doubling to RetryMax, without jitter, and schedules the
+// rereads. A revision that went backwards means the bucket was deleted and
+// recreated (its sequence restarts at 1); such a head is withheld until it
+// passes the last one seen, because the revision is the only order the
+// watcher can check without decoding the head, and from the revision alone
+// a lower one is indistinguishable from a lagging or replayed read. The
+// cost is liveness: a recreated bucket's heads are not delivered until its
+// revisions pass the old bucket's, which may take as many writes. Issue 17
+// may revisit the rule (e.g. ordering by the table's (term, epoch), as
+// Follower already does); it is unchanged here.
 package protocol
 
 // # Coordinator
