@@ -312,11 +312,8 @@ type Transport struct {
 
 // Timeouts of the transport's own background calls.
 const (
-	watchResync = 5 * time.Second        // WatchTables re-reads the head this often, whatever the watch says
-	opTimeout   = 5 * time.Second        // one KV call made in the background (resync)
-	watchSetup  = 2 * time.Second        // creating the watch's consumer (one JetStream API round trip)
-	retryMin    = 100 * time.Millisecond // first wait after a failed background call
-	retryMax    = 2 * time.Second        // longest wait between background retries
+	opTimeout  = 5 * time.Second // one KV call made in the background (resync)
+	watchSetup = 2 * time.Second // creating the watch's consumer (one JetStream API round trip)
 )
 
 // Dial connects to NATS, waits for both connections and creates (or binds)
@@ -349,7 +346,7 @@ func Dial(ctx context.Context, cluster string, cfg NATSConfig, log *slog.Logger)
 		keyPre:      cluster + ".",
 		subjPre:     "meridian." + cluster + ".",
 		kvSubj:      "$KV." + cfg.Bucket + ".",
-		watch:       protocol.WatchConfig{Resync: watchResync, RetryMin: retryMin, RetryMax: retryMax},
+		watch:       protocol.DefaultWatchConfig(), // resync and backoff: the same rule and timings as memnet's
 		closed:      make(chan struct{}),
 		reconnected: make(chan struct{}),
 	}

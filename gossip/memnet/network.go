@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/meridian-quota/meridian/gossip/protocol"
 )
 
 // Errors of a faulty network, wrapped with the operation's context.
@@ -88,13 +90,13 @@ type Config struct {
 // timing.
 func DefaultConfig() Config {
 	return Config{
-		Link:          Link{},                 // tests state the latency they study
-		KVLatency:     0,                      // likewise; zero keeps KV calls synchronous under a VirtualClock
-		DetectDelay:   5 * time.Second,        // memberlist's LAN profile declares a silent member dead within a few seconds
-		JoinDelay:     200 * time.Millisecond, // a returning member is gossiped alive within a few rounds
-		WatchResync:   5 * time.Second,        // gossip.Transport's watchResync
-		WatchRetryMin: 100 * time.Millisecond, // gossip.Transport's retryMin
-		WatchRetryMax: 2 * time.Second,        // gossip.Transport's retryMax
+		Link:          Link{},                                 // tests state the latency they study
+		KVLatency:     0,                                      // likewise; zero keeps KV calls synchronous under a VirtualClock
+		DetectDelay:   5 * time.Second,                        // memberlist's LAN profile declares a silent member dead within a few seconds
+		JoinDelay:     200 * time.Millisecond,                 // a returning member is gossiped alive within a few rounds
+		WatchResync:   protocol.DefaultWatchConfig().Resync,   // gossip.Transport's, from one place
+		WatchRetryMin: protocol.DefaultWatchConfig().RetryMin, // likewise
+		WatchRetryMax: protocol.DefaultWatchConfig().RetryMax, // likewise
 	}
 }
 

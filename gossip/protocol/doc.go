@@ -95,8 +95,7 @@
 // revisions pass the old bucket's, which may take as many writes. Issue 17
 // may revisit the rule (e.g. ordering by the table's (term, epoch), as
 // Follower already does); it is unchanged here.
-package protocol
-
+//
 // # Coordinator
 //
 // Term is one term of the coordinator. The shell (gossip.Loop.coordinate
@@ -140,3 +139,4 @@ package protocol
 // before the logic moved here. rebalance.Coordinator still does the share
 // math, leases, learning mode and break-before-make; Term adds only what
 // happens around it between one term's start and its end.
+package protocol
