@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,6 +22,13 @@ const (
 	// CheckOABudget: OA_budget > 0 at the end of a run whose schedule chose
 	// no over-admitting mode (invariant 6).
 	CheckOABudget = "safety/oa-budget"
+	// CheckLiveness: lease + 3Δ after the last fault healed (partitions,
+	// region loss, Redis outages, coordinator failovers), some agent of a
+	// region that is up holds no table, a lapsed one or one that does not
+	// name it — the coordinator's tables no longer reach it. Checked only
+	// on lossless links (a run of lost tables may lapse a lease by chance)
+	// and when that instant falls inside the run.
+	CheckLiveness = "liveness/table"
 )
 
 // Violation is a check that failed in one run: which, when (virtual time)
@@ -76,10 +84,14 @@ type checker struct {
 	// bug, when set, runs after each event before the checks (a planted
 	// bug, explore_test.go).
 	bug func(*Run, *event)
+	// live is when CheckLiveness runs (true time, µs; MaxInt64: never);
+	// lived says it ran.
+	live  int64
+	lived bool
 }
 
 func newChecker(r *Run) *checker {
-	c := &checker{r: r, keys: len(r.keys), down: make([]bool, len(r.regions)), dirty: true}
+	c := &checker{r: r, keys: len(r.keys), down: make([]bool, len(r.regions)), dirty: true, live: livenessAt(r)}
 	for range r.agents {
 		c.ppm = append(c.ppm, make([]int64, len(r.keys)))
 		c.burst = append(c.burst, make([]int64, len(r.keys)))
@@ -109,6 +121,52 @@ func (c *checker) column(ri, a int) {
 	}
 	c.next[g] = next
 	c.dirty = true
+}
+
+// livenessAt is when r's liveness check runs: lease + 3Δ after the last
+// fault heals, if the links lose nothing and that is inside the run
+// (MaxInt64: never).
+func livenessAt(r *Run) int64 {
+	sc := r.sc
+	if sc.Latency.Loss > 0 || slices.ContainsFunc(sc.Links, func(l LinkSpec) bool { return l.Loss > 0 }) {
+		return math.MaxInt64
+	}
+	var healed Duration
+	for _, p := range sc.Faults.Partitions {
+		healed = max(healed, p.At+p.For)
+	}
+	for _, f := range slices.Concat(sc.Faults.RegionLoss, sc.Faults.RedisOutage) {
+		healed = max(healed, f.At+f.For)
+	}
+	for _, f := range sc.Coordinator.Failovers {
+		healed = max(healed, f.At+f.For)
+	}
+	at := us(healed) + r.rcfg.Lease.Microseconds() + 3*r.interval
+	if at >= r.end {
+		return math.MaxInt64
+	}
+	return at
+}
+
+// liveness checks that every agent of every region holds a table that
+// names it, with its lease running.
+func (c *checker) liveness(e *event) *Violation {
+	r := c.r
+	for ri, rg := range r.regions {
+		if r.regionDown(ri, r.now) {
+			continue
+		}
+		for a, n := range rg.nodes {
+			st := n.Table()
+			if st.HasTable && !st.Lapsed && st.Named {
+				continue
+			}
+			return &Violation{Check: CheckLiveness, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind),
+				Detail: fmt.Sprintf("%s, lease + 3Δ after the last fault healed: table %d/%d (has %v) lease %s lapsed %v named %v",
+					agentName(rg.name, a), st.Term, st.Epoch, st.HasTable, time.Duration(st.LeaseExpiry)*time.Microsecond, st.Lapsed, st.Named)}
+		}
+	}
+	return nil
 }
 
 // shareOfLimit is l as a share of budget in ppm: the smallest share whose
@@ -146,6 +204,12 @@ func (c *checker) after(r *Run, e *event) error {
 		}
 		if d := r.regionDown(ri, r.now); d != c.down[ri] {
 			c.down[ri], c.dirty = d, true
+		}
+	}
+	if r.now >= c.live {
+		c.live, c.lived = math.MaxInt64, true
+		if v := c.liveness(e); v != nil {
+			return v
 		}
 	}
 	if !c.dirty {

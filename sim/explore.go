@@ -65,7 +65,10 @@ type ExploreReport struct {
 	// (OA_budget not checked).
 	OverAdmitting int `json:"over_admitting"`
 	// Checks counts the safety checks evaluated, across schedules.
-	Checks   int64     `json:"checks"`
+	Checks int64 `json:"checks"`
+	// Liveness counts the schedules whose liveness check ran (lossless
+	// links, lease + 3Δ after the last fault inside the run).
+	Liveness int       `json:"liveness"`
 	Failures []Failure `json:"failures"`
 }
 
@@ -299,27 +302,34 @@ func (p *plan) clone() *plan {
 	return &c
 }
 
+// runStats is what a run's checks did.
+type runStats struct {
+	checks int64
+	lived  bool
+}
+
 // run runs p with the checks; nil: no violation.
-func (p *plan) run(bug func(*Run, *event)) (*Violation, int64, error) {
+func (p *plan) run(bug func(*Run, *event)) (*Violation, runStats, error) {
 	sc := p.scenario()
 	if err := sc.Validate(); err != nil {
-		return nil, 0, err
+		return nil, runStats{}, err
 	}
 	r, err := NewRun(sc, p.strategy, p.interval, p.seed, nil)
 	if err != nil {
-		return nil, 0, err
+		return nil, runStats{}, err
 	}
 	c := newChecker(r)
 	c.bug = bug
 	r.check = c.after
 	res, err := r.Simulate()
+	st := runStats{checks: c.checks, lived: c.lived}
 	if v, ok := err.(*Violation); ok {
-		return v, c.checks, nil
+		return v, st, nil
 	}
 	if err != nil {
-		return nil, c.checks, err
+		return nil, st, err
 	}
-	return checkEnd(sc, p.strategy, res), c.checks, nil
+	return checkEnd(sc, p.strategy, res), st, nil
 }
 
 // Explore runs opt.N schedules and shrinks every failure. The same options
@@ -342,7 +352,7 @@ func Explore(opt ExploreOptions) (*ExploreReport, error) {
 	}
 	type outcome struct {
 		v       *Violation
-		checks  int64
+		st      runStats
 		over    bool
 		failure *Failure
 		err     error
@@ -358,7 +368,7 @@ func Explore(opt ExploreOptions) (*ExploreReport, error) {
 				p := draw(base, opt.Seed, i, opt.Kinds)
 				o := &out[i]
 				o.over = overAdmitting(p.sc, p.strategy)
-				o.v, o.checks, o.err = p.run(opt.bug)
+				o.v, o.st, o.err = p.run(opt.bug)
 				if o.err != nil {
 					o.err = fmt.Errorf("schedule %d: %w", i, o.err)
 					continue
@@ -384,7 +394,10 @@ func Explore(opt ExploreOptions) (*ExploreReport, error) {
 		if o.err != nil {
 			return nil, o.err
 		}
-		rep.Checks += o.checks
+		rep.Checks += o.st.checks
+		if o.st.lived {
+			rep.Liveness++
+		}
 		if o.over {
 			rep.OverAdmitting++
 		}

@@ -3,6 +3,7 @@ package sim
 import (
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,7 +85,10 @@ func TestExploreClean(t *testing.T) {
 	for _, f := range rep.Failures {
 		t.Errorf("schedule %d: %v\n%s", f.Schedule, f.Shrunk.Error(), f.YAML)
 	}
-	t.Logf("%d schedules, %d over-admitting, %d checks", rep.Schedules, rep.OverAdmitting, rep.Checks)
+	if rep.Liveness == 0 {
+		t.Errorf("no schedule ran the liveness check")
+	}
+	t.Logf("%d schedules, %d over-admitting, %d with the liveness check, %d checks", rep.Schedules, rep.OverAdmitting, rep.Liveness, rep.Checks)
 }
 
 // TestExploreDeterministic: the same seed gives the same report, whatever
@@ -170,4 +174,50 @@ func TestExploreFindsPlantedBug(t *testing.T) {
 	if len(vs) != 0 {
 		t.Errorf("replay without the bug: %+v, want no violation", vs)
 	}
+}
+
+// loseTablesToAP is a planted liveness bug: from 30 s on, every table in
+// flight to ap is replaced by a stale copy its agents' Followers refuse,
+// as if the coordinator stopped publishing to it.
+func loseTablesToAP(r *Run, e *event) {
+	if r.now < 30_000_000 {
+		return
+	}
+	for i, m := range r.msgs {
+		if t, ok := m.(*rebalance.Table); ok && t.Term > 0 && r.regions[r.events.slotRegion(i)].name == "ap" {
+			c := *t
+			c.Term, c.Epoch = 0, 0
+			r.msgs[i] = &c
+		}
+	}
+}
+
+// slotRegion is the region a table in msgs slot i goes to (-1: none).
+func (h eventHeap) slotRegion(i int) int {
+	for _, it := range h {
+		if uint8(it.sk) == evTable && it.c == int64(i) {
+			return int(it.a)
+		}
+	}
+	return -1
+}
+
+// TestExploreFindsPlantedLivenessBug: the liveness check catches a region
+// that stops receiving tables.
+func TestExploreFindsPlantedLivenessBug(t *testing.T) {
+	rep, err := Explore(ExploreOptions{N: exploreN(30, 10), Seed: 1, Workers: 2, Kinds: []string{"redis-outage", "move"}, bug: loseTablesToAP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, f := range rep.Failures {
+		found = found || f.Shrunk.Check == CheckLiveness
+		if f.Shrunk.Check == CheckLiveness && !strings.HasPrefix(f.Shrunk.Detail, "ap-") {
+			t.Errorf("schedule %d: %v, want an agent of ap", f.Schedule, f.Shrunk.Error())
+		}
+	}
+	if !found {
+		t.Fatalf("%d schedules (%d with the liveness check): no %s violation in %+v", rep.Schedules, rep.Liveness, CheckLiveness, rep.Failures)
+	}
+	t.Logf("%d failures; the first:\n%s", len(rep.Failures), rep.Failures[0].YAML)
 }
