@@ -288,28 +288,36 @@ func checkEnd(sc *Scenario, strategy string, res *Result) *Violation {
 }
 
 // CheckRun runs sc under one strategy, interval and seed with the
-// explorer's checkers and returns the first violation (nil: none) and the
-// result (nil when a safety check stopped the run).
-func CheckRun(sc *Scenario, strategy string, interval time.Duration, seed uint64) (*Violation, *Result, error) {
-	return checkRun(sc, strategy, interval, seed, nil)
+// explorer's checks and returns the first violation (nil: none).
+func CheckRun(sc *Scenario, strategy string, interval time.Duration, seed uint64) (*Violation, error) {
+	v, _, err := checkRun(sc, strategy, interval, seed, nil)
+	return v, err
 }
 
-func checkRun(sc *Scenario, strategy string, interval time.Duration, seed uint64, bug func(*Run, *event)) (*Violation, *Result, error) {
+// runStats is what a run's checks did.
+type runStats struct {
+	checks int64
+	lived  bool // the liveness check ran
+}
+
+// checkRun is CheckRun with a planted bug (nil: none).
+func checkRun(sc *Scenario, strategy string, interval time.Duration, seed uint64, bug func(*Run, *event)) (*Violation, runStats, error) {
 	r, err := NewRun(sc, strategy, interval, seed, nil)
 	if err != nil {
-		return nil, nil, err
+		return nil, runStats{}, err
 	}
 	c := newChecker(r)
 	c.bug = bug
 	r.check = c.after
 	res, err := r.Simulate()
+	st := runStats{checks: c.checks, lived: c.lived}
 	if v, ok := err.(*Violation); ok {
-		return v, nil, nil
+		return v, st, nil
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, st, err
 	}
-	return checkEnd(sc, strategy, res), res, nil
+	return checkEnd(sc, strategy, res), st, nil
 }
 
 // CheckScenario runs every strategy × interval × seed of sc with the
@@ -323,7 +331,7 @@ func CheckScenario(sc *Scenario) ([]Violation, error) {
 		}
 		for _, iv := range sc.Intervals {
 			for _, seed := range sc.Seeds {
-				v, _, err := CheckRun(sc, st, iv.D(), seed)
+				v, err := CheckRun(sc, st, iv.D(), seed)
 				if err != nil {
 					return nil, err
 				}

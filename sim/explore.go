@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/meridian-quota/meridian/rebalance"
 )
 
 // The explorer, in the style of FoundationDB's simulation and
@@ -178,7 +181,7 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 	}
 	p.interval = sc.Intervals[rng.IntN(len(sc.Intervals))].D()
 	sc.Strategies, sc.Intervals, sc.Seeds = []string{p.strategy}, []Duration{Duration(p.interval)}, []uint64{p.seed}
-	skew := cmpOr(sc.MaxSkew.D(), 500*time.Millisecond) / 2
+	skew := cmp.Or(sc.MaxSkew.D(), rebalance.DefaultConfig().MaxSkew) / 2
 	for j := range sc.Regions {
 		sc.Regions[j].Agents = 1 + rng.IntN(3)
 		sc.Regions[j].ClockSkew = 0
@@ -244,13 +247,6 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 	return p
 }
 
-func cmpOr(d, def time.Duration) time.Duration {
-	if d != 0 {
-		return d
-	}
-	return def
-}
-
 // cloneScenario copies sc deeply enough that a plan may change any field.
 func cloneScenario(sc *Scenario) *Scenario {
 	c := *sc
@@ -302,34 +298,13 @@ func (p *plan) clone() *plan {
 	return &c
 }
 
-// runStats is what a run's checks did.
-type runStats struct {
-	checks int64
-	lived  bool
-}
-
 // run runs p with the checks; nil: no violation.
 func (p *plan) run(bug func(*Run, *event)) (*Violation, runStats, error) {
 	sc := p.scenario()
 	if err := sc.Validate(); err != nil {
 		return nil, runStats{}, err
 	}
-	r, err := NewRun(sc, p.strategy, p.interval, p.seed, nil)
-	if err != nil {
-		return nil, runStats{}, err
-	}
-	c := newChecker(r)
-	c.bug = bug
-	r.check = c.after
-	res, err := r.Simulate()
-	st := runStats{checks: c.checks, lived: c.lived}
-	if v, ok := err.(*Violation); ok {
-		return v, st, nil
-	}
-	if err != nil {
-		return nil, st, err
-	}
-	return checkEnd(sc, p.strategy, res), st, nil
+	return checkRun(sc, p.strategy, p.interval, p.seed, bug)
 }
 
 // Explore runs opt.N schedules and shrinks every failure. The same options
