@@ -60,6 +60,32 @@
 // N replays it, -seeds sets how many run (120 per case, 20 under the race
 // detector).
 //
+// The explorer (Explore, explore.go; `meridian sim --explore N --seed S`)
+// hunts the whole run for violations in the same style: N fault schedules
+// derived from one seed (schedule i draws from PCG(S, i)) over a small
+// cluster (ExploreBase: three regions of 1–3 agents, 24 keys, moving
+// demand, an 8 s lease, 90 s runs), each drawing a few faults from those
+// the scenario language has — partitions of one region (the
+// coordinator's too), region loss and return, Redis outages, coordinator
+// failovers, traffic moves and flash crowds — and a set-up: strategy and
+// interval, static clock skew, link loss and jitter, deciding, retrying
+// or reserving clients, and now and then an over-admitting failure_mode
+// or the full strategy. A hook in the event loop (Run.check) runs the
+// checks of check.go after every event: per key, Σ over the regions that
+// are up of the share and of the burst in force, computed as the
+// transition world does (a lost region decides nothing, so it counts again
+// from its return; full over-commits by choice and is not checked); and at
+// the end OA_budget = 0 unless the schedule chose open, local, error or
+// full. A failure is shrunk — faults dropped one at a time, the set-up
+// simplified, faults halved and moved earlier, the run cut just after the
+// violation — and printed as a scenario file that `meridian sim --scenario
+// FILE --check` replays to the same violation. Not covered yet: the faults
+// that need gossip/memnet's links in the simulator (KV bucket loss and
+// watch drops, NATS outages apart from partitions, forged, replayed or
+// unverifiable table heads, duplicated messages, one agent's partition,
+// membership delays and false suspicions), clock steps, key churn and
+// policy reloads; and the liveness and resource checks.
+//
 // Control cost counts what gossip/wire would put on the wire: each report,
 // ack and signed table is sized exactly (ReportSize, AckSize, TableSize,
 // cluster name "sim") and every chunk is one message. Only the

@@ -227,6 +227,10 @@ type Run struct {
 	ctx    context.Context
 	dec    decisions
 	agents int // agents across regions
+
+	// check, when set, runs after each handled event (the explorer's
+	// checkers, explore.go); an error it returns ends the run with it.
+	check func(*Run, *event) error
 }
 
 // decisions counts what the run decided.
@@ -640,6 +644,11 @@ func (r *Run) Simulate() (*Result, error) {
 		r.m.advance(e.t)
 		if err := r.handle(&e); err != nil {
 			return nil, err
+		}
+		if r.check != nil {
+			if err := r.check(r, &e); err != nil {
+				return nil, err
+			}
 		}
 	}
 	r.m.advance(r.end)

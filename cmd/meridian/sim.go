@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,7 +24,9 @@ recommendation. Built-in scenarios: %s.
 
   meridian sim --scenario steady-skew --intervals 1s,5s --seeds 3
   meridian sim --scenario my.yaml --out report/   (JSON, CSV and report.html)
-  meridian sim --scenario many-keys --bench        (simulated decisions per second)`
+  meridian sim --scenario many-keys --bench        (simulated decisions per second)
+  meridian sim --explore 300 --seed 1              (random fault schedules, checked, failures shrunk)
+  meridian sim --scenario shrunk.yaml --check      (replay a scenario with the explorer's checks)`
 
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("sim", fmt.Sprintf(simSynopsis, strings.Join(sim.BuiltinNames(), ", ")), stdout, stderr)
@@ -36,6 +39,10 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	format := fs.String("format", "table", "stdout format: table, json or csv")
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "simulations run at once (results do not depend on it)")
 	bench := fs.Bool("bench", false, "report simulated decisions per second and peak memory instead of metrics")
+	explore := fs.Int("explore", 0, "run N random fault schedules with the safety checks after every event, shrink each failure to a scenario file, exit 1 on any (--scenario sets the base; default the explorer's own)")
+	seed := fs.Uint64("seed", 1, "with --explore: the seed every schedule derives from")
+	kinds := fs.String("kinds", "", "with --explore: comma-separated fault kinds to draw (default all: "+strings.Join(sim.FaultKinds(), ", ")+")")
+	check := fs.Bool("check", false, "run the scenario's runs with the explorer's checks (a shrunk failure's replay); exit 1 on a violation")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
@@ -52,9 +59,34 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *seeds < 0 || *seeds > 1000 {
 		return usageErr("--seeds %d: must be in [1, 1000]", *seeds)
 	}
+	if *explore < 0 {
+		return usageErr("--explore %d: must not be negative", *explore)
+	}
+	if *explore > 0 {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if set["check"] || set["trace"] || set["bench"] || set["out"] {
+			return usageErr("--explore takes --seed, --scenario, --kinds and --workers only")
+		}
+		opt := sim.ExploreOptions{N: *explore, Seed: *seed, Workers: *workers}
+		if set["scenario"] {
+			base, err := loadScenario(*scenario)
+			if err != nil {
+				return err
+			}
+			opt.Base = base
+		}
+		if *kinds != "" {
+			opt.Kinds = strings.Split(*kinds, ",")
+		}
+		return runExplore(opt, stdout)
+	}
 	sc, err := loadScenario(*scenario)
 	if err != nil {
 		return err
+	}
+	if *check {
+		return runCheck(sc, stdout)
 	}
 	opt := sim.Options{Workers: *workers, KeyDetail: *out != ""}
 	if *strategies != "" {
@@ -118,6 +150,42 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return rep.WriteCSV(stdout)
 	}
 	return rep.WriteTable(stdout)
+}
+
+// runExplore runs the explorer and prints a summary and each failure's
+// shrunk scenario; any failure is an error (exit status 1).
+func runExplore(opt sim.ExploreOptions, stdout io.Writer) error {
+	start := time.Now()
+	rep, err := sim.Explore(opt)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "explore: %d schedules from seed %d (%d over-admitting: OA_budget not checked; %d with the liveness check), %d safety checks: %d violations in %s\n",
+		rep.Schedules, rep.Seed, rep.OverAdmitting, rep.Liveness, rep.Checks, len(rep.Failures), time.Since(start).Round(time.Millisecond))
+	for _, f := range rep.Failures {
+		fmt.Fprintf(stdout, "\nschedule %d: %s at %s (%s), shrunk from %d to %d events:\n%s",
+			f.Schedule, f.Shrunk.Check, f.Shrunk.At.D(), f.Shrunk.Event, f.OriginalEvents, f.Events, f.YAML)
+	}
+	if len(rep.Failures) > 0 {
+		return fmt.Errorf("explore: %d of %d schedules violate a check", len(rep.Failures), rep.Schedules)
+	}
+	return nil
+}
+
+// runCheck replays sc's runs with the explorer's checks.
+func runCheck(sc *sim.Scenario, stdout io.Writer) error {
+	vs, err := sim.CheckScenario(sc)
+	if err != nil {
+		return err
+	}
+	for _, v := range vs {
+		fmt.Fprintf(stdout, "%s: %s\n", sc.Name, v.Error())
+	}
+	if len(vs) > 0 {
+		return fmt.Errorf("check: %d violations", len(vs))
+	}
+	fmt.Fprintf(stdout, "%s: no violation\n", sc.Name)
+	return nil
 }
 
 func loadScenario(arg string) (*sim.Scenario, error) {
