@@ -340,11 +340,13 @@ func (n *Node) scheduleRow(rule *Rule, r *row) gcra.Schedule {
 
 // Decide resolves req, decides it in the store (enforced limits as one
 // all-or-nothing check, then shadow-mode limits), applies the failure modes
-// if the store fails, and records the outcome. now (µs on the shell's
-// clock, in [0, 2^52)) is used only by the local failure mode. The error is
+// if the store fails, and records the outcome. now (µs on the node's
+// clock, in [0, 2^52)) lapses a table whose lease has passed (see Tick)
+// and times the local failure mode. The error is
 // a request error (nothing consumed); store failures are decided by the
 // limits' failure modes and reported in d.
 func (n *Node) Decide(ctx context.Context, now int64, req *Request, d *Decision) error {
+	n.lapseIfDue(now)
 	if err := n.Resolve(req, d); err != nil {
 		return err
 	}
@@ -637,6 +639,7 @@ func (n *Node) resolvePrepared(p *Prepared) error {
 // DecidePrepared decides p at cost, as Decide would decide its request at
 // that cost, and returns the decision (valid until p's next use).
 func (n *Node) DecidePrepared(ctx context.Context, now int64, p *Prepared, cost int64) (*Decision, error) {
+	n.lapseIfDue(now)
 	s := n.snap.Load()
 	switch {
 	case cost != p.cost || s.policy != p.policy || p.gen == 0:
@@ -702,6 +705,7 @@ func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait tim
 	if maxWait < 0 {
 		return badRequest("maxWait %s is negative", maxWait)
 	}
+	n.lapseIfDue(now)
 	if err := n.Resolve(req, d); err != nil {
 		return err
 	}

@@ -44,7 +44,11 @@ func TestNodeFailureModes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.Apply(table(1, 1, t0, t0-hour, 1, 500_000, acme, acmeSearch), t0); err != nil {
+	// A lease past the test's last instant (t0 + 144 s): a decision after
+	// the lease lapses the table, and this test is about failure modes.
+	tb := table(1, 1, t0, t0-hour, 1, 500_000, acme, acmeSearch)
+	tb.Leases = []int64{t0 + hour, t0 + hour}
+	if err := n.Apply(tb, t0); err != nil {
 		t.Fatal(err)
 	}
 	st.broken.Store(true)

@@ -212,8 +212,12 @@ type Node struct {
 	nOverride atomic.Int64
 
 	localMu sync.Mutex
-	live    atomic.Int64
-	gen     atomic.Uint64
+	// pubMu serializes the snapshot's read-modify-write publications —
+	// Apply, SetPolicy, a lease lapse — which may come from the Tick/Apply
+	// goroutine, a policy reload and (a lapse) any decision.
+	pubMu sync.Mutex
+	live  atomic.Int64
+	gen   atomic.Uint64
 
 	decisions, peeks, storeErrors, fbOpen, fbClosed, fbLocal, fbError,
 	shadowDenied, overflow, reduced, denyHits atomic.Int64
@@ -307,6 +311,8 @@ func (n *Node) Policy() *Policy { return n.snap.Load().policy }
 // under the old one. Keys whose limit the table does not carry run at the
 // safe share until the coordinator's table agrees.
 func (n *Node) SetPolicy(p *Policy) {
+	n.pubMu.Lock()
+	defer n.pubMu.Unlock()
 	s := *n.snap.Load()
 	s.policy = p
 	n.publish(&s)
