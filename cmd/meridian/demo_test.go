@@ -7,6 +7,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/meridian-quota/meridian/gossip"
+	"github.com/meridian-quota/meridian/sim"
 )
 
 // TestDemo runs `meridian demo` shortened — embedded NATS, three regions
@@ -58,5 +61,14 @@ func TestDemoFlags(t *testing.T) {
 		if err := runDemo(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || errb.Len() == 0 {
 			t.Errorf("demo %v: err = %v, stderr %q; want a usage error explained on stderr", args, err, errb.String())
 		}
+	}
+}
+
+// TestSimElectsAsProduction: the simulator times its coordinator election
+// as production's default does (sim cannot import gossip, so this test
+// holds the two equal): the demo's prediction of a failover depends on it.
+func TestSimElectsAsProduction(t *testing.T) {
+	if got, want := sim.ElectionTTL, gossip.DefaultLoopConfig("c", "eu", "eu-1", "eu").Election.TTL; got != want {
+		t.Errorf("sim.ElectionTTL %v, gossip.DefaultLoopConfig's Election.TTL %v: want equal", got, want)
 	}
 }
