@@ -642,10 +642,9 @@ func (r *Run) Simulate() (*Result, error) {
 		r.schedule(event{t: r.interval + r.tickEvery/2, kind: evCoordTick})
 	}
 	if len(r.cands) > 0 {
-		// Every candidate campaigns from the start, the scenario's
-		// coordinator first (buildCandidates' order): its take reaches
-		// the bucket first, so it leads term 1.
-		for ci := range r.cands {
+		// The first candidate won the first election at build time; the
+		// others campaign from the start.
+		for ci := 1; ci < len(r.cands); ci++ {
 			r.schedule(event{t: 0, kind: evElect, a: int32(ci)})
 		}
 		r.failedAt = make([]int, len(r.sc.Coordinator.Failovers))

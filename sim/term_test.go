@@ -29,25 +29,17 @@ workload: {rate: 600, on_off: {alpha: 1.5, mean_on: 20s, mean_off: 90s}}
 	if err != nil {
 		t.Fatal(err)
 	}
+	if r.stored == nil || r.stored.Term != 1 || len(r.stored.Keys) != 0 {
+		t.Fatalf("the first term's first table: %+v, want term 1 with no keys (none reported yet)", r.stored)
+	}
 	last := make([]int64, len(r.keys))
 	for i := range last {
 		last[i] = -1
 	}
-	// The first term starts once its candidate wins the election (two
-	// round trips to the bucket), long before the first report.
-	var first *rebalance.Table
-	r.OnArrival(func(a Arrival) {
-		last[a.Key] = max(last[a.Key], a.T)
-		if first == nil && r.stored != nil {
-			first = r.stored
-		}
-	})
+	r.OnArrival(func(a Arrival) { last[a.Key] = max(last[a.Key], a.T) })
 	res, err := r.Simulate()
 	if err != nil {
 		t.Fatal(err)
-	}
-	if first == nil || first.Term != 1 || len(first.Keys) != 0 {
-		t.Fatalf("the first term's first table: %+v, want term 1 with no keys (none reported yet)", first)
 	}
 	in := map[string]bool{}
 	for _, ks := range r.stored.Keys {
@@ -106,7 +98,6 @@ coordinator: {region: eu, failovers: [{at: 20s, for: 3s}]}
 	var before, first []string
 	r.onArrival = func(Arrival) {
 		switch {
-		case r.stored == nil:
 		case r.now < 20e6:
 			before = before[:0]
 			for _, ks := range r.stored.Keys {
