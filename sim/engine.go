@@ -853,8 +853,10 @@ func (r *Run) handle(e *event) error {
 			r.crash(r.leader)
 		}
 	case evFailoverUp:
-		if ci := r.failedAt[e.a]; ci >= 0 && !r.regionDown(r.cands[ci].ri, r.now) {
-			return r.restart(ci) // back as a follower
+		// Back as a follower, unless its region is down or already
+		// restarted it.
+		if ci := r.failedAt[e.a]; ci >= 0 && r.cands[ci].dead && !r.regionDown(r.cands[ci].ri, r.now) {
+			return r.restart(ci)
 		}
 	case evRegionDown:
 		for ci := range r.cands {
