@@ -6,7 +6,10 @@
 // budgets, membership before the term starts, the start from the stored
 // table, what to store; around the rebalance core's strategies, leases,
 // acknowledgements and learning mode) and each agent's protocol.Follower
-// (which tables reach it) — and simulates only the links and faults: per region
+// (which tables reach it), and the coordinator election each agent runs
+// (protocol.Candidate on the KV bucket's election key, so a dead
+// coordinator's successor is elected once its record lapses and starts
+// from the stored table) — and simulates only the links and faults: per region
 // pair one-way latency with jitter and loss, partitions, region loss,
 // coordinator failover, Redis outages (exercising the failure modes) and
 // clock skew. Nothing here decides, shares, leases or rebalances on its

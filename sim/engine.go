@@ -36,6 +36,10 @@ const (
 	evSample      // per-second sample of the top keys' shares
 	evSyncDeliver // a replicated-counter sync batch arrives
 	evServed      // a reservation's wait ends: c = cost<<1 | oracle
+	evElect       // candidate a (generation b) steps: its wait ended or its KV call returned
+	evKV          // candidate a's (generation b) KV call reaches the bucket
+	evRegionDown  // region a's loss begins: its agents' processes die
+	evRegionUp    // region a is back: its agents restart
 )
 
 // event is one thing that happens at t.
@@ -209,10 +213,19 @@ type Run struct {
 	policy  *region.Policy
 	rcfg    rebalance.Config
 
-	coord     *protocol.Term // the coordinator's term, as gossip.Loop runs it; nil while down
-	coordIdx  int
-	term      uint64
-	stored    *rebalance.Table // the KV bucket's latest table
+	coord    *protocol.Term // the coordinator's term, as gossip.Loop runs it; nil while down
+	coordIdx int            // the region of the coordinator (the last one while none leads)
+	term     uint64
+	stored   *rebalance.Table // the KV bucket's latest table
+
+	// The coordinator election, as gossip.Election.Campaign runs it: every
+	// agent a protocol.Candidate on the bucket's election key.
+	cands     []candidate
+	leader    int // index in cands of the candidate whose term runs; -1 while none
+	elect     electKV
+	erng      *rand.Rand // the candidates' poll jitter: its own stream, so the workload's draws do not move
+	failedAt  []int      // per coordinator failover: the candidate it crashed (-1: none led)
+	terms     []TermStart
 	end       int64
 	warmup    int64
 	tickEvery int64
@@ -249,7 +262,8 @@ type decisions struct {
 // replaying trace instead of the scenario's workload when it is not nil.
 func NewRun(sc *Scenario, strategy string, interval time.Duration, seed uint64, trace *Trace) (*Run, error) {
 	r := &Run{sc: sc, strategy: strategy, interval: interval.Microseconds(), seed: seed, trace: trace,
-		rng: rand.New(rand.NewPCG(seed, 0x6d6572696469616e)), ctx: context.Background()}
+		rng: rand.New(rand.NewPCG(seed, 0x6d6572696469616e)), ctx: context.Background(),
+		erng: rand.New(rand.NewPCG(seed, 0x656c656374696f6e)), leader: -1}
 	r.end = us(sc.Duration)
 	if trace != nil {
 		r.end = (trace.end + 999_999) / 1_000_000 * 1_000_000
@@ -467,7 +481,7 @@ func (r *Run) buildRegions() error {
 	case Oracle:
 		return nil
 	}
-	return r.startCoordinator(0)
+	return r.buildCandidates()
 }
 
 // termConfig is the configuration each coordinator term runs on.
@@ -489,8 +503,8 @@ func (r *Run) termConfig() protocol.CoordinatorConfig {
 // (given to the core before its StartTerm), whose first table is stored
 // and published at once. The term learns its keys from the reports that
 // name them, budgeted by the nodes' policy, and keeps the stored table's.
-func (r *Run) startCoordinator(now int64) error {
-	r.term++
+func (r *Run) startCoordinator(term uint64, now int64) error {
+	r.term = term
 	tm, err := protocol.NewTerm(r.termConfig(), r.term, r.stored, r.live(), r.policy, now)
 	if err != nil {
 		// Only this run writes the bucket, each term once after the last:
@@ -580,7 +594,7 @@ func (r *Run) schedule(e event) {
 func (r *Run) unpack(it item) event {
 	e := event{t: it.t, kind: uint8(it.sk), a: it.a, b: it.b, c: it.c}
 	switch e.kind {
-	case evReport, evAck, evTable, evSyncDeliver:
+	case evReport, evAck, evTable, evSyncDeliver, evKV:
 		e.msg = r.msgs[it.c]
 		r.msgs[it.c] = nil
 		r.free = append(r.free, int32(it.c))
@@ -631,9 +645,22 @@ func (r *Run) Simulate() (*Result, error) {
 		// first one on no demand at all.
 		r.schedule(event{t: r.interval + r.tickEvery/2, kind: evCoordTick})
 	}
-	for _, f := range r.sc.Coordinator.Failovers {
-		r.schedule(event{t: us(f.At), kind: evFailoverDown})
-		r.schedule(event{t: us(f.At + f.For), kind: evFailoverUp})
+	if len(r.cands) > 0 {
+		// The first candidate won the first election at build time; the
+		// others campaign from the start.
+		for ci := 1; ci < len(r.cands); ci++ {
+			r.schedule(event{t: 0, kind: evElect, a: int32(ci)})
+		}
+		r.failedAt = make([]int, len(r.sc.Coordinator.Failovers))
+		for i, f := range r.sc.Coordinator.Failovers {
+			r.schedule(event{t: us(f.At), kind: evFailoverDown, a: int32(i)})
+			r.schedule(event{t: us(f.At + f.For), kind: evFailoverUp, a: int32(i)})
+		}
+		for _, f := range r.sc.Faults.RegionLoss {
+			ri := int32(slices.IndexFunc(r.regions, func(g *regionState) bool { return g.name == f.Region }))
+			r.schedule(event{t: us(f.At), kind: evRegionDown, a: ri})
+			r.schedule(event{t: us(f.At + f.For), kind: evRegionUp, a: ri})
+		}
 	}
 	for len(r.events) > 0 {
 		e := r.unpack(r.events.pop())
@@ -826,11 +853,40 @@ func (r *Run) handle(e *event) error {
 		r.sync()
 		r.schedule(event{t: e.t + us(r.sc.Sync), kind: evSync})
 	case evFailoverDown:
-		r.coord = nil // its reports and acks are lost; the stored table stays
-	case evFailoverUp:
-		if err := r.startCoordinator(r.coordNow()); err != nil {
-			return err
+		// The coordinator's process crashes: its term ends with it (its
+		// reports and acks are lost; the stored table stays) and it does
+		// not release the election key, so another candidate takes it
+		// once the record lapses. Its region keeps deciding.
+		r.failedAt[e.a] = r.leader
+		if r.leader >= 0 {
+			r.crash(r.leader)
 		}
+	case evFailoverUp:
+		// Back as a follower, unless its region is down or already
+		// restarted it.
+		if ci := r.failedAt[e.a]; ci >= 0 && r.cands[ci].dead && !r.regionDown(r.cands[ci].ri, r.now) {
+			return r.restart(ci)
+		}
+	case evRegionDown:
+		for ci := range r.cands {
+			if r.cands[ci].ri == int(e.a) {
+				r.crash(ci)
+			}
+		}
+	case evRegionUp:
+		if !r.regionDown(int(e.a), r.now) { // not still down by another spell
+			for ci := range r.cands {
+				if c := &r.cands[ci]; c.ri == int(e.a) && c.dead {
+					if err := r.restart(ci); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	case evKV:
+		r.kvArrive(int(e.a), uint32(e.b), e.msg.(protocol.KVOp))
+	case evElect:
+		return r.step(int(e.a), uint32(e.b))
 	}
 	return nil
 }

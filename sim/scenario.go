@@ -102,7 +102,14 @@ type LinkSpec struct {
 	Loss   float64  `yaml:"loss"`
 }
 
-// CoordSpec places the coordinator and its failovers.
+// CoordSpec places the first coordinator and its failovers. Every agent
+// is a candidate of the coordinator election (production's protocol.Candidate
+// on the KV bucket's election key, timed as production's: ElectionTTL); the
+// first coordinator is Region's first agent. A failover crashes whoever
+// coordinates at At and brings its process back as a candidate after For;
+// meanwhile another candidate takes the key once the crashed one's record
+// lapses (within ElectionTTL plus the maximum skew and a poll). A region
+// loss crashes its agents, the coordinator among them, the same way.
 type CoordSpec struct {
 	Region    string       `yaml:"region"`
 	Failovers []FaultSpell `yaml:"failovers"`
@@ -475,9 +482,6 @@ func (s *Scenario) Validate() error {
 		p := fmt.Sprintf("faults.region_loss[%d]", i)
 		region(p+".region", r.Region)
 		s.checkSpell(&errs, p, r.FaultSpell)
-		if r.Region == s.Coordinator.Region {
-			bad(p+".region", "%q hosts the coordinator: script a coordinator failover instead", r.Region)
-		}
 	}
 	for i, r := range s.Faults.RedisOutage {
 		p := fmt.Sprintf("faults.redis_outage[%d]", i)

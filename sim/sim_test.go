@@ -403,7 +403,6 @@ workload: {rate: 100}
 		{"bad on_error", base + "failure_mode: error\non_error: retry\n", `on_error: "retry": want admit (Envoy's failure_mode_deny: false) or deny (true)`},
 		{"fault outside the run", base + "faults: {redis_outage: [{region: eu, at: 8s, for: 5s}]}\n", "faults.redis_outage[0]: window [8s, 13s) must be non-empty and inside the run"},
 		{"partition of every region", base + "faults: {partitions: [{side: [eu, us], at: 1s, for: 1s}]}\n", "faults.partitions[0].side: must name some regions, not all"},
-		{"losing the coordinator's region", base + "faults: {region_loss: [{region: eu, at: 1s, for: 1s}]}\n", `faults.region_loss[0].region: "eu" hosts the coordinator`},
 		{"lognormal without sigma", strings.Replace(base, "{count: 5, ratio: 2}", "{count: 5}", 1), "keys.sigma"},
 		{"zero keys", strings.Replace(base, "count: 5", "count: 0", 1), "keys.count: 0"},
 		{"flash beyond keys", strings.Replace(base, "{rate: 100}", "{rate: 100, flash: [{region: eu, at: 1s, for: 1s, keys: 9, factor: 2}]}", 1), "workload.flash[0].keys: 9: must be in [1, keys.count]"},

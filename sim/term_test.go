@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meridian-quota/meridian/gossip/protocol"
+	"github.com/meridian-quota/meridian/rebalance"
 )
 
 // TestTermLearnsKeysFromReports holds the run's coordinator to production's
@@ -118,4 +119,99 @@ coordinator: {region: eu, failovers: [{at: 20s, for: 3s}]}
 	if len(before) == 0 || !slices.Equal(first, before) {
 		t.Errorf("term 2's first table names %d keys %v, want the %d the stored table had %v", len(first), first, len(before), before)
 	}
+}
+
+// TestFailoverElects: when the coordinator's process dies — a scripted
+// failover, or with its whole region — another candidate takes the
+// election key once the dead one's record lapses, as production's
+// protocol.Candidate does on the KV bucket, and its term starts from the
+// stored table. In virtual time the bound is exact: the dead leader's last
+// renewal went out at most Renew plus a round trip before the crash and
+// lapses TTL after it; a follower takes the key only past that expiry
+// plus MaxSkew, and notices within one poll plus a read's round trip,
+// then one more round trip to take it.
+func TestFailoverElects(t *testing.T) {
+	const lat = 20 * time.Millisecond
+	tests := []struct {
+		name, fault string
+	}{
+		{"failover", "coordinator: {region: eu, failovers: [{at: 20s, for: 10s}]}\n"},
+		{"region loss", "coordinator: {region: eu}\nfaults: {region_loss: [{region: eu, at: 20s, for: 10s}]}\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sc := mustScenario(t, `
+name: elect
+duration: 40s
+warmup: 5s
+regions: [{name: eu}, {name: us}, {name: ap}]
+latency: {mean: 20ms}
+keys: {count: 20, zipf: 1, ratio: 2, burst_seconds: 1, home_fraction: 0.7}
+workload: {rate: 2000}
+`+tt.fault)
+			run := func() (*Run, *Result) {
+				r, err := NewRun(sc, "ewma", time.Second, 1, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := r.Simulate()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r, res
+			}
+			var last1, first2 *rebalance.Table
+			r, err := NewRun(sc, "ewma", time.Second, 1, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.onArrival = func(Arrival) {
+				switch {
+				case r.stored == nil:
+				case r.stored.Term == 1:
+					last1 = r.stored
+				case r.stored.Term == 2 && first2 == nil:
+					first2 = r.stored
+				}
+			}
+			if _, err := r.Simulate(); err != nil {
+				t.Fatal(err)
+			}
+			terms := r.Terms()
+			if len(terms) != 2 || terms[0].Term != 1 || terms[0].Region != "eu" || terms[1].Term != 2 || terms[1].Region == "eu" {
+				t.Fatalf("terms %+v: want term 1 on eu, then term 2 elsewhere (eu's process is back as a follower)", terms)
+			}
+			crash := int64(20e6)
+			ttl, renew, poll, skew, rtt := ElectionTTL.Microseconds(), (ElectionTTL / 3).Microseconds(), (ElectionTTL / 6).Microseconds(), r.rcfg.MaxSkew.Microseconds(), 2*lat.Microseconds()
+			lo := crash - renew - rtt + ttl + skew // the last renewal's expiry, plus the skew a follower allows
+			hi := crash + ttl + skew + poll + 2*rtt
+			t.Logf("term 2 on %s started %.3fs after the crash", terms[1].Agent, float64(terms[1].At-crash)/1e6)
+			if at := terms[1].At; at <= lo || at > hi {
+				t.Errorf("term 2 started at %dµs, %dµs after the crash: want in (%d, %d] — after the record lapsed, within TTL %v + MaxSkew %v + a poll %v + two round trips",
+					at, at-crash, lo-crash, hi-crash, ElectionTTL, r.rcfg.MaxSkew, ElectionTTL/6)
+			}
+			if last1 == nil || first2 == nil {
+				t.Fatalf("no table of term 1 (%v) or term 2 (%v)", last1 != nil, first2 != nil)
+			}
+			if k1, k2 := tableKeys(last1), tableKeys(first2); len(k1) == 0 || !slices.Equal(k1, k2) {
+				t.Errorf("term 2's first table budgets %v, want the stored table's %v", k2, k1)
+			}
+			if first2.Epoch <= last1.Epoch {
+				t.Errorf("term 2's first table has epoch %d, want after the stored table's %d", first2.Epoch, last1.Epoch)
+			}
+			// Determinism: the same seed elects the same way.
+			r2, _ := run()
+			if !slices.Equal(r2.Terms(), terms) {
+				t.Errorf("second run's terms %+v, want %+v", r2.Terms(), terms)
+			}
+		})
+	}
+}
+
+func tableKeys(t *rebalance.Table) []string {
+	out := make([]string, 0, len(t.Keys))
+	for _, ks := range t.Keys {
+		out = append(out, ks.Key)
+	}
+	return out
 }

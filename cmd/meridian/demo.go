@@ -140,17 +140,21 @@ var demoRegions = []string{"eu", "us", "ap"}
 
 // demoScenario is the workload, in the simulator's terms: a few tenants
 // with Zipf popularity and strong home regions, 40 % of them over budget,
-// eu's traffic moving to ap at 40 % of the run.
-func demoScenario(o demoOpts) (*sim.Scenario, error) {
+// eu's traffic moving to ap at 40 % of the run. coord is the region whose
+// agent the live cluster elected first: the simulator's first coordinator
+// (every agent is a candidate in both). A killed coordinator is a region
+// loss of its region in both, as the demo kills the agent process, the
+// region's only one: its clients' requests go nowhere, and the successor
+// is elected by the same protocol.Candidate rule.
+func demoScenario(o demoOpts, coord string) (*sim.Scenario, error) {
 	d := o.duration
 	ks := o.killSpec()
 	var faults string
-	if ks.region != "" {
+	switch {
+	case ks.region != "":
 		faults = fmt.Sprintf("faults: {region_loss: [{region: %s, at: %s, for: %s}]}\n", ks.region, ks.at, o.reviveFor(ks))
-	}
-	coord := "coordinator: {region: us}\n"
-	if ks.coordinator {
-		coord = fmt.Sprintf("coordinator: {region: us, failovers: [{at: %s, for: %s}]}\n", ks.at, o.reviveFor(ks))
+	case ks.coordinator:
+		faults = fmt.Sprintf("faults: {region_loss: [{region: %s, at: %s, for: %s}]}\n", coord, ks.at, o.reviveFor(ks))
 	}
 	y := fmt.Sprintf(`name: demo
 description: the live demo's workload
@@ -160,7 +164,8 @@ shift: %s
 seeds: [%d]
 regions: [{name: eu}, {name: us}, {name: ap}]
 latency: {mean: 1ms}
-%skeys: {count: %d, zipf: 1.0, sigma: 0.8, over_fraction: 0.4, burst_seconds: 1, home_fraction: 0.8}
+coordinator: {region: %s}
+keys: {count: %d, zipf: 1.0, sigma: 0.8, over_fraction: 0.4, burst_seconds: 1, home_fraction: 0.8}
 workload:
   rate: %g
   moves: [{from: eu, to: ap, at: %s}]
@@ -210,30 +215,24 @@ type demoCluster struct {
 	prefix  string
 	log     *slog.Logger
 	run     *sim.Run
+	first   *demoRegion // the live cluster's first coordinator, and the simulator's
 	// budgetRate is Σ budgets in requests/s: what all regions together may
 	// admit.
 	budgetRate float64
 }
 
 func demo(ctx context.Context, o demoOpts, stdout, stderr io.Writer) error {
-	sc, err := demoScenario(o)
+	// The workload's keys and policy do not depend on where the
+	// coordinator runs: a first run, never simulated, gives the policy the
+	// agents start on.
+	sc, err := demoScenario(o, demoRegions[0])
 	if err != nil {
 		return fmt.Errorf("demo scenario: %w", err)
 	}
-	// The simulator first: the requests it offers are the ones the live
-	// cluster gets, and its decisions are the prediction.
-	run, err := sim.NewRun(sc, o.strategy, o.interval, o.seed, nil)
+	keysRun, err := sim.NewRun(sc, o.strategy, o.interval, o.seed, nil)
 	if err != nil {
 		return err
 	}
-	var arrivals []sim.Arrival
-	run.OnArrival(func(a sim.Arrival) { arrivals = append(arrivals, a) })
-	predicted, err := run.Simulate()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "meridian demo: %d requests over %v across %d tenants and 3 regions; strategy %s, Δ %v, lease %v\n",
-		len(arrivals), o.duration, o.keys, o.strategy, o.interval, o.lease)
 
 	dir, err := os.MkdirTemp("", "meridian-demo-")
 	if err != nil {
@@ -250,7 +249,7 @@ func demo(ctx context.Context, o demoOpts, stdout, stderr io.Writer) error {
 	if !ns.ReadyForConnections(10 * time.Second) {
 		return errors.New("embedded NATS did not start")
 	}
-	c := &demoCluster{o: o, natsURL: ns.ClientURL(), policy: run.Policy(), run: run,
+	c := &demoCluster{o: o, natsURL: ns.ClientURL(), policy: keysRun.Policy(), run: keysRun,
 		log: slog.New(slog.DiscardHandler)}
 	if o.logLevel != "" {
 		var lv slog.Level
@@ -259,7 +258,7 @@ func demo(ctx context.Context, o demoOpts, stdout, stderr io.Writer) error {
 		}
 		c.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
 	}
-	for _, b := range run.Budgets() {
+	for _, b := range keysRun.Budgets() {
 		c.budgetRate += 1e6 / float64(b.IntervalMicros())
 	}
 	if err := c.keys(dir); err != nil {
@@ -283,9 +282,30 @@ func demo(ctx context.Context, o demoOpts, stdout, stderr io.Writer) error {
 		c.regions = append(c.regions, r)
 	}
 	defer c.stopAll()
-	if err := c.waitCoordinator(ctx, 15*time.Second); err != nil {
+	first, err := c.waitCoordinator(ctx, 15*time.Second)
+	if err != nil {
 		return err
 	}
+
+	// The simulator next, with its first coordinator where production's
+	// election put the live one: the requests it offers are the ones the
+	// live cluster gets, and its decisions are the prediction.
+	if sc, err = demoScenario(o, first.name); err != nil {
+		return fmt.Errorf("demo scenario: %w", err)
+	}
+	run, err := sim.NewRun(sc, o.strategy, o.interval, o.seed, nil)
+	if err != nil {
+		return err
+	}
+	var arrivals []sim.Arrival
+	run.OnArrival(func(a sim.Arrival) { arrivals = append(arrivals, a) })
+	predicted, err := run.Simulate()
+	if err != nil {
+		return err
+	}
+	c.run, c.first = run, first
+	fmt.Fprintf(stdout, "meridian demo: %d requests over %v across %d tenants and 3 regions; strategy %s, Δ %v, lease %v; first coordinator %s-1\n",
+		len(arrivals), o.duration, o.keys, o.strategy, o.interval, o.lease, first.name)
 
 	scorer, err := sim.NewScorer(sim.ScoreConfig{Keys: run.KeyNames(), Budgets: run.Budgets(), Regions: demoRegions,
 		Warmup: o.duration / 6, Duration: o.duration, Shift: o.duration * 2 / 5})
@@ -454,19 +474,21 @@ func (c *demoCluster) leader() *demoRegion {
 	return nil
 }
 
-func (c *demoCluster) waitCoordinator(ctx context.Context, within time.Duration) error {
+// waitCoordinator waits until the live cluster has elected a coordinator
+// and returns its region.
+func (c *demoCluster) waitCoordinator(ctx context.Context, within time.Duration) (*demoRegion, error) {
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
-		if c.leader() != nil {
-			return nil
+		if l := c.leader(); l != nil {
+			return l, nil
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("no coordinator elected within %v", within)
+	return nil, fmt.Errorf("no coordinator elected within %v", within)
 }
 
 // traffic replays the simulator's arrivals in real time through each
@@ -504,6 +526,10 @@ func (c *demoCluster) traffic(ctx context.Context, run *sim.Run, arrivals []sim.
 			killed = true
 			if ks.coordinator {
 				victim = c.leader()
+				if victim != nil && victim != c.first {
+					// The simulator killed the first coordinator's region.
+					view.note(fmt.Sprintf("%5.1fs  the coordinator moved to %s before the kill: the prediction kills %s", el.Seconds(), victim.name, c.first.name))
+				}
 			} else {
 				victim = c.byName(ks.region)
 			}
@@ -684,6 +710,11 @@ func (c *demoCluster) summary(w io.Writer, live, predicted *sim.Result) {
 		keys = append(keys, k.Key)
 	}
 	sort.Strings(keys)
+	var terms []string
+	for _, t := range c.run.Terms() {
+		terms = append(terms, fmt.Sprintf("%s term %d from %.1fs", t.Agent, t.Term, float64(t.At)/1e6))
+	}
+	fmt.Fprintf(w, "  %-34s %s\n", "sim's coordinators", strings.Join(terms, ", "))
 	fmt.Fprintf(w, "\n  (means weighted by demand across %d keys. The same requests went to both, so the columns differ by\n   real time, real NATS and memberlist against the simulator's model of them.)\n", len(keys))
 }
 

@@ -7,6 +7,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/meridian-quota/meridian/gossip"
+	"github.com/meridian-quota/meridian/sim"
 )
 
 // TestDemo runs `meridian demo` shortened — embedded NATS, three regions
@@ -58,5 +62,31 @@ func TestDemoFlags(t *testing.T) {
 		if err := runDemo(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || errb.Len() == 0 {
 			t.Errorf("demo %v: err = %v, stderr %q; want a usage error explained on stderr", args, err, errb.String())
 		}
+	}
+}
+
+// TestSimElectsAsProduction: the simulator times its coordinator election
+// as production's default does (sim cannot import gossip, so this test
+// holds the two equal): the demo's prediction of a failover depends on it.
+func TestSimElectsAsProduction(t *testing.T) {
+	if got, want := sim.ElectionTTL, gossip.DefaultLoopConfig("c", "eu", "eu-1", "eu").Election.TTL; got != want {
+		t.Errorf("sim.ElectionTTL %v, gossip.DefaultLoopConfig's Election.TTL %v: want equal", got, want)
+	}
+}
+
+// TestDemoScenarioFollowsTheLiveCoordinator: the prediction's first
+// coordinator is the live one, and killing it loses its region in the
+// simulator as the demo's kill loses the region's only agent.
+func TestDemoScenarioFollowsTheLiveCoordinator(t *testing.T) {
+	o := demoOpts{duration: time.Minute, interval: 2 * time.Second, lease: 10 * time.Second, strategy: "ewma", seed: 1, rate: 1200, keys: 20, kill: "coordinator@25s"}
+	sc, err := demoScenario(o, "ap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Coordinator.Region != "ap" || len(sc.Coordinator.Failovers) != 0 {
+		t.Errorf("coordinator %+v, want ap with no failover of the role alone", sc.Coordinator)
+	}
+	if rl := sc.Faults.RegionLoss; len(rl) != 1 || rl[0].Region != "ap" || rl[0].At.D() != 25*time.Second || rl[0].For.D() != 35*time.Second {
+		t.Errorf("region loss %+v, want ap from 25s to the end", rl)
 	}
 }
