@@ -343,6 +343,25 @@ func (n *Node) Schedule(rule *Rule, key string) gcra.Schedule {
 	return n.schedule(n.snap.Load(), rule, key)
 }
 
+// ScheduleAt is Schedule as the node's next decision at now (µs on the
+// node's clock) runs it: once the lease has passed, the table lapsed (see
+// lapseIfDue), whether or not a Tick or a decision has lapsed it yet. For
+// checkers that ask what a region enforces between its events; safe for
+// many goroutines.
+func (n *Node) ScheduleAt(rule *Rule, key string, now int64) gcra.Schedule {
+	s := n.snap.Load()
+	at := n.leaseExpiry.Load()
+	if !s.hasTable || s.lapsed || now < at || rule.Scope == Regional {
+		return n.schedule(s, rule, key)
+	}
+	r := s.rows.get(key)
+	if r == nil {
+		return n.scheduleRow(rule, nil)
+	}
+	nr := n.reduce(r, max(at, r.sched.Current.Effective)) // as lapse reduces it
+	return n.scheduleRow(rule, &nr)
+}
+
 // InForce returns the newest table surely in force on the store at now
 // (µs on the node's clock): one whose effective time plus MaxSkew has
 // passed, since the store switches on its own clock (Redis TIME), which may

@@ -108,9 +108,16 @@ func (c *checker) column(ri, a int) {
 	n := rg.nodes[a]
 	storeNow := r.now + rg.skew
 	next := int64(math.MaxInt64)
+	// What the node's next decision runs, a lapsed lease included (a
+	// decision lapses it, not only a Tick); the column changes again when
+	// the lease passes.
+	local := rg.nodeNow(a, r.now)
+	if ts := n.Table(); ts.HasTable && !ts.Lapsed && ts.LeaseExpiry > local {
+		next = min(next, r.now+(ts.LeaseExpiry-local))
+	}
 	rules := r.policy.Rules()
 	for k := range r.keys {
-		s := n.Schedule(rules[k], r.keys[k].name)
+		s := n.ScheduleAt(rules[k], r.keys[k].name, local)
 		l := s.Current.Limit
 		if s.HasPrevious && storeNow < s.Current.Effective {
 			l = s.Previous.Limit

@@ -891,7 +891,12 @@ func (r *Run) handle(e *event) error {
 	return nil
 }
 
-func (r *Run) coordNow() int64 { return r.now + r.regions[r.coordIdx].skew }
+// coordNow is the coordinator's clock: its region's, never below the
+// clock's zero (a region running behind true time reads 0 until true time
+// catches up), as a table's instants must lie in [0, 2^52). Since the
+// simulator elects its coordinator, the first one may sit in a region whose
+// clock runs behind.
+func (r *Run) coordNow() int64 { return max(0, r.now+r.regions[r.coordIdx].skew) }
 
 // route applies traffic moves: traffic offered in region ri at t arrives in
 // the region it moved to.
