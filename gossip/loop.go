@@ -114,15 +114,8 @@ func (c *LoopConfig) Validate() error {
 	if c.TickEvery <= 0 || c.TickEvery > c.Coordinator.Interval {
 		errs = append(errs, fmt.Errorf("gossip: tick %v: want (0, interval %v]", c.TickEvery, c.Coordinator.Interval))
 	}
-	if c.MaxKeys < 1 {
-		errs = append(errs, fmt.Errorf("gossip: max keys %d: want at least 1", c.MaxKeys))
-	}
-	if c.KeyIdle < c.Coordinator.Interval {
-		errs = append(errs, fmt.Errorf("gossip: key idle %v: want at least one interval (%v)", c.KeyIdle, c.Coordinator.Interval))
-	}
-	if c.Queue < 1 {
-		errs = append(errs, fmt.Errorf("gossip: queue %d: want at least 1", c.Queue))
-	}
+	term := protocol.CoordinatorConfig{Coordinator: c.Coordinator, MaxKeys: c.MaxKeys, KeyIdle: c.KeyIdle, Queue: c.Queue}
+	errs = append(errs, term.TermProblems("gossip")...)
 	return errors.Join(errs...)
 }
 

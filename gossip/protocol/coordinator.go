@@ -41,16 +41,26 @@ func (c *CoordinatorConfig) Validate() error {
 	if err := c.Coordinator.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.TermProblems("protocol")...)
+	return errors.Join(errs...)
+}
+
+// TermProblems lists what is wrong with the term's own fields (MaxKeys,
+// KeyIdle against Coordinator.Interval, Queue), each prefixed with pkg:
+// Validate's checks without the rebalance core's, for a caller that
+// validates the core itself (gossip.LoopConfig).
+func (c *CoordinatorConfig) TermProblems(pkg string) []error {
+	var errs []error
 	if c.MaxKeys < 1 {
-		errs = append(errs, fmt.Errorf("protocol: max keys %d: want at least 1", c.MaxKeys))
+		errs = append(errs, fmt.Errorf("%s: max keys %d: want at least 1", pkg, c.MaxKeys))
 	}
 	if c.KeyIdle < c.Coordinator.Interval {
-		errs = append(errs, fmt.Errorf("protocol: key idle %v: want at least one interval (%v)", c.KeyIdle, c.Coordinator.Interval))
+		errs = append(errs, fmt.Errorf("%s: key idle %v: want at least one interval (%v)", pkg, c.KeyIdle, c.Coordinator.Interval))
 	}
 	if c.Queue < 1 {
-		errs = append(errs, fmt.Errorf("protocol: queue %d: want at least 1", c.Queue))
+		errs = append(errs, fmt.Errorf("%s: queue %d: want at least 1", pkg, c.Queue))
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // ErrDeposed ends a term: the stored table's term is not below it
