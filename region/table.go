@@ -324,7 +324,7 @@ func (n *Node) lapse(now int64) {
 	at := n.leaseExpiry.Load()
 	rs := rowSet{index: old.rows.index, names: old.rows.names, rows: make([]*row, len(old.rows.rows))}
 	for i, o := range old.rows.rows {
-		nr := n.reduce(o, max(at, o.sched.Current.Effective))
+		nr := n.lapsedRow(o, at)
 		rs.rows[i] = &nr
 	}
 	s := *old
@@ -358,8 +358,15 @@ func (n *Node) ScheduleAt(rule *Rule, key string, now int64) gcra.Schedule {
 	if r == nil {
 		return n.scheduleRow(rule, nil)
 	}
-	nr := n.reduce(r, max(at, r.sched.Current.Effective)) // as lapse reduces it
+	nr := n.lapsedRow(r, at)
 	return n.scheduleRow(rule, &nr)
+}
+
+// lapsedRow is o once the lease that ended at at has lapsed: reduced to
+// min(last share, safe share) from at, or from a pending change's effective
+// time if that is later. lapse publishes it; ScheduleAt shows it before.
+func (n *Node) lapsedRow(o *row, at int64) row {
+	return n.reduce(o, max(at, o.sched.Current.Effective))
 }
 
 // InForce returns the newest table surely in force on the store at now
