@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/gossip/protocol"
 	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/region"
 )
 
 // The checks the explorer runs (Violation.Check).
@@ -29,7 +31,27 @@ const (
 	// on lossless links (a run of lost tables may lapse a lease by chance)
 	// and when that instant falls inside the run.
 	CheckLiveness = "liveness/table"
+	// CheckConverge: at the same instant, an agent whose table is in force
+	// runs a key more than 5 points of its budget (50,000 ppm) from what
+	// a node that holds only that table runs — its own history (lapses,
+	// row versions, terms) holds it away from its coordinator's target.
+	CheckConverge = "liveness/converge"
+	// CheckResume: election TTL + 2Δ after a coordinator crash with every
+	// other agent reachable (no other fault in that window, lossless
+	// links), no new term runs out of learning mode.
+	CheckResume = "liveness/resume"
+	// CheckForgedDepose: a coordinator's store was fenced by a head no
+	// coordinator wrote (forged, replayed or undecodable bytes), ending a
+	// verified term.
+	CheckForgedDepose = "liveness/forged-depose"
+	// CheckResources: an agent made more bus messages or bucket calls than
+	// resourceBound allows, or the coordinator's term held more entries
+	// than its caps.
+	CheckResources = "resources"
 )
+
+// convergeTolerance is CheckConverge's margin: 5 % of the budget.
+const convergeTolerance = 50_000
 
 // Violation is a check that failed in one run: which, when (virtual time)
 // and at which event, for which key, with what the regions ran.
@@ -53,7 +75,9 @@ func eventName(kind uint8) string {
 	names := [...]string{evArrival: "arrival", evRetry: "retry", evAgentTick: "agent-tick", evCoordTick: "coordinator-tick",
 		evReport: "report", evAck: "ack", evTable: "table", evSync: "sync", evFailoverDown: "coordinator-down",
 		evFailoverUp: "coordinator-up", evSwitch: "on-off", evTrace: "trace", evSample: "sample",
-		evSyncDeliver: "sync-deliver", evServed: "served"}
+		evSyncDeliver: "sync-deliver", evServed: "served", evElect: "election", evKV: "kv",
+		evRegionDown: "region-down", evRegionUp: "region-up", evFault: "cluster-fault", evWatchRetry: "watch-retry",
+		evResync: "resync", evCoordRetry: "coordinator-retry", evCampaign: "campaign"}
 	if int(kind) < len(names) {
 		return names[kind]
 	}
@@ -86,12 +110,20 @@ type checker struct {
 	bug func(*Run, *event)
 	// live is when CheckLiveness runs (true time, µs; MaxInt64: never);
 	// lived says it ran.
-	live  int64
-	lived bool
+	live    int64
+	lived   bool
+	resumed bool // a CheckResume ran
+	// resume lists the instants CheckResume runs at, with the crash each
+	// follows.
+	resume []resumeCheck
+}
+
+type resumeCheck struct {
+	at, crash int64
 }
 
 func newChecker(r *Run) *checker {
-	c := &checker{r: r, keys: len(r.keys), down: make([]bool, len(r.regions)), dirty: true, live: livenessAt(r)}
+	c := &checker{r: r, keys: len(r.keys), down: make([]bool, len(r.regions)), dirty: true, live: livenessAt(r), resume: resumeAt(r)}
 	for range r.agents {
 		c.ppm = append(c.ppm, make([]int64, len(r.keys)))
 		c.burst = append(c.burst, make([]int64, len(r.keys)))
@@ -138,21 +170,77 @@ func livenessAt(r *Run) int64 {
 	if sc.Latency.Loss > 0 || slices.ContainsFunc(sc.Links, func(l LinkSpec) bool { return l.Loss > 0 }) {
 		return math.MaxInt64
 	}
-	var healed Duration
-	for _, p := range sc.Faults.Partitions {
-		healed = max(healed, p.At+p.For)
-	}
-	for _, f := range slices.Concat(sc.Faults.RegionLoss, sc.Faults.RedisOutage) {
-		healed = max(healed, f.At+f.For)
-	}
-	for _, f := range sc.Coordinator.Failovers {
-		healed = max(healed, f.At+f.For)
-	}
-	at := us(healed) + r.rcfg.Lease.Microseconds() + 3*r.interval
+	at := us(lastHealed(sc)) + r.rcfg.Lease.Microseconds() + 3*r.interval
 	if at >= r.end {
 		return math.MaxInt64
 	}
 	return at
+}
+
+// lastHealed is when sc's last fault ends (an instant fault — a head
+// write, a clock step — ends when it happens); 0 without faults.
+func lastHealed(sc *Scenario) Duration {
+	var healed Duration
+	for _, f := range faultSpells(sc, -1) {
+		healed = max(healed, f.At+f.For)
+	}
+	return healed
+}
+
+// faultSpells lists every fault of sc as a window (instant ones as
+// [At, At]) but coordinator failover skip (-1: none); traffic moves and
+// flash crowds are demand, not faults.
+func faultSpells(sc *Scenario, skip int) []FaultSpell {
+	var out []FaultSpell
+	f := &sc.Faults
+	for _, p := range f.Partitions {
+		out = append(out, p.FaultSpell)
+	}
+	for _, s := range slices.Concat(f.RegionLoss, f.RedisOutage) {
+		out = append(out, s.FaultSpell)
+	}
+	for i, s := range sc.Coordinator.Failovers {
+		if i != skip {
+			out = append(out, s)
+		}
+	}
+	out = append(out, f.NATSOutage...)
+	out = append(out, f.KVLoss...)
+	for _, s := range f.AgentPartition {
+		out = append(out, s.FaultSpell)
+	}
+	for _, h := range f.Heads {
+		out = append(out, FaultSpell{At: h.At})
+	}
+	for _, c := range f.ClockSteps {
+		out = append(out, FaultSpell{At: c.At})
+	}
+	return out
+}
+
+// resumeAt lists CheckResume's instants: TTL + 2Δ after each coordinator
+// crash that no other fault overlaps from a lease before it to then, on
+// lossless links, inside the run.
+func resumeAt(r *Run) []resumeCheck {
+	sc := r.sc
+	if sc.Latency.Loss > 0 || slices.ContainsFunc(sc.Links, func(l LinkSpec) bool { return l.Loss > 0 }) {
+		return nil
+	}
+	var out []resumeCheck
+	for i, f := range sc.Coordinator.Failovers {
+		at := us(f.At) + ElectionTTL.Microseconds() + 2*r.interval
+		from := us(f.At) - r.rcfg.Lease.Microseconds()
+		quiet := at < r.end
+		for _, o := range faultSpells(sc, i) {
+			if us(o.At) <= at && us(o.At+o.For) >= from {
+				quiet = false
+			}
+		}
+		if quiet {
+			out = append(out, resumeCheck{at: at, crash: us(f.At)})
+		}
+	}
+	return out
 }
 
 // liveness checks that every agent of every region holds a table that
@@ -171,6 +259,140 @@ func (c *checker) liveness(e *event) *Violation {
 			return &Violation{Check: CheckLiveness, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind),
 				Detail: fmt.Sprintf("%s, lease + 3Δ after the last fault healed: table %d/%d (has %v) lease %s lapsed %v named %v",
 					agentName(rg.name, a), st.Term, st.Epoch, st.HasTable, time.Duration(st.LeaseExpiry)*time.Microsecond, st.Lapsed, st.Named)}
+		}
+	}
+	return nil
+}
+
+// converge is CheckConverge: every agent whose table is in force runs
+// each key within convergeTolerance of what a node holding only that
+// table runs (the same configuration, policy and store, the same clock
+// reading). It compares the schedules' current limits — what each node
+// moves to, whether or not an increase's fence has passed.
+func (c *checker) converge(e *event) *Violation {
+	r := c.r
+	rules := r.policy.Rules()
+	for ri, rg := range r.regions {
+		if r.regionDown(ri, r.now) {
+			continue
+		}
+		for a, n := range rg.nodes {
+			w := &rg.watch[a]
+			if st := n.Table(); !st.HasTable || st.Lapsed || !st.Named || w.applied == nil {
+				continue // CheckLiveness's
+			}
+			local := rg.nodeNow(a, r.now)
+			fresh, err := region.NewNode(rg.ncfg[a], r.policy, &rg.fail)
+			if err == nil {
+				err = fresh.Apply(w.applied, local)
+			}
+			if err != nil {
+				return &Violation{Check: CheckConverge, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind),
+					Detail: fmt.Sprintf("%s: a fresh node refuses its table %d/%d: %v", agentName(rg.name, a), w.applied.Term, w.applied.Epoch, err)}
+			}
+			for k := range r.keys {
+				got := shareOfLimit(r.keys[k].budget, n.ScheduleAt(rules[k], r.keys[k].name, local).Current.Limit)
+				want := shareOfLimit(r.keys[k].budget, fresh.ScheduleAt(rules[k], r.keys[k].name, local).Current.Limit)
+				if got < want-convergeTolerance || got > want+convergeTolerance {
+					return &Violation{Check: CheckConverge, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind), Key: r.keys[k].name,
+						Detail: fmt.Sprintf("%s, lease + 3Δ after the last fault healed: key %s at %d ppm, its table %d/%d says %d ppm",
+							agentName(rg.name, a), r.keys[k].name, got, w.applied.Term, w.applied.Epoch, want)}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// resumeCheck is CheckResume for one crash: a term that started after it
+// runs, out of learning mode.
+func (c *checker) resumeCheck(e *event, rc resumeCheck) *Violation {
+	r := c.r
+	started := len(r.terms) > 0 && r.terms[len(r.terms)-1].At > rc.crash
+	if r.coord != nil && started && !r.coord.Stats().Learning {
+		return nil
+	}
+	state := "no coordinator runs"
+	if r.coord != nil {
+		state = fmt.Sprintf("term %d runs (started after the crash: %v, learning: %v)", r.term, started, r.coord.Stats().Learning)
+	}
+	return &Violation{Check: CheckResume, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind),
+		Detail: fmt.Sprintf("election TTL + 2Δ after the coordinator crashed at %s: %s", time.Duration(rc.crash)*time.Microsecond, state)}
+}
+
+// caps is CheckResources' coordinator half: the term's keys at most the
+// run's keys, its stored table's rows at most keys and its agents at most
+// the run's agents.
+func (c *checker) caps(e *event) *Violation {
+	r := c.r
+	st := r.coord.Stats()
+	bad := ""
+	switch {
+	case st.Keys > len(r.keys):
+		bad = fmt.Sprintf("term %d holds %d keys, the run has %d", r.term, st.Keys, len(r.keys))
+	case r.stored != nil && len(r.stored.Keys) > len(r.keys):
+		bad = fmt.Sprintf("table %d/%d has %d rows, the run has %d keys", r.stored.Term, r.stored.Epoch, len(r.stored.Keys), len(r.keys))
+	case r.stored != nil && len(r.stored.Agents) > r.agents:
+		bad = fmt.Sprintf("table %d/%d names %d agents, the run has %d", r.stored.Term, r.stored.Epoch, len(r.stored.Agents), r.agents)
+	}
+	if bad == "" {
+		return nil
+	}
+	return &Violation{Check: CheckResources, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind), Detail: bad}
+}
+
+// resourceBound is what one agent may send and call in a run of T with
+// interval Δ, whatever the faults (no spinning):
+//
+//   - bus messages ≤ (T/Δ + 2) · (report chunks + 3): a report per
+//     interval and at most three acknowledgements (a table per rebalance,
+//     and the increases and membership changes between);
+//   - bucket calls ≤ T · (2/Poll + 1/Renew + 1/Resync) + Σ over the faults
+//     that break its watch of (log2(RetryMax/RetryMin) + 2 + For/RetryMax)
+//     + 10: the election's polls (jittered, at most twice as often as
+//     Poll) or renewals, the head's resyncs, and a failed watch's retries
+//     backing off to RetryMax.
+func resourceBound(r *Run, ri, a int) (bus, kv int64) {
+	T := float64(r.end) / 1e6
+	delta := float64(r.interval) / 1e6
+	chunks := float64(r.reportChunks)
+	bus = int64((T/delta + 2) * (chunks + 3))
+	wc := protocol.DefaultWatchConfig()
+	poll, renew := (ElectionTTL / 6).Seconds(), (ElectionTTL / 3).Seconds()
+	calls := T*(2/poll+1/renew+1/wc.Resync.Seconds()) + 10
+	backoff := math.Log2(float64(wc.RetryMax)/float64(wc.RetryMin)) + 2
+	name := r.regions[ri].name
+	spells := slices.Concat(r.sc.Faults.NATSOutage, r.sc.Faults.KVLoss)
+	for _, f := range r.sc.Faults.RegionLoss {
+		if f.Region == name {
+			spells = append(spells, f.FaultSpell)
+		}
+	}
+	for _, f := range r.sc.Faults.AgentPartition {
+		if f.Region == name && f.Agent == a+1 {
+			spells = append(spells, f.FaultSpell)
+		}
+	}
+	for _, f := range spells {
+		calls += backoff + f.For.D().Seconds()/wc.RetryMax.Seconds()
+	}
+	return bus, int64(calls)
+}
+
+// resources is CheckResources' agent half, at the end of the run.
+func (c *checker) resources() *Violation {
+	r := c.r
+	if r.baseline() {
+		return nil
+	}
+	for ri, rg := range r.regions {
+		for a := range rg.nodes {
+			bus, kv := resourceBound(r, ri, a)
+			if rg.busOut[a] > bus || rg.kvOps[a] > kv {
+				return &Violation{Check: CheckResources, At: r.sc.Duration, Event: "end",
+					Detail: fmt.Sprintf("%s: %d bus messages (bound %d), %d bucket calls (bound %d) in %s at Δ %s",
+						agentName(rg.name, a), rg.busOut[a], bus, rg.kvOps[a], kv, r.sc.Duration.D(), time.Duration(r.interval)*time.Microsecond)}
+			}
 		}
 	}
 	return nil
@@ -202,6 +424,31 @@ func (c *checker) after(r *Run, e *event) error {
 		}
 	case evAgentTick:
 		c.column(int(e.a), int(e.b))
+	case evFault:
+		if e.a == faultClockStep {
+			for ri, rg := range r.regions {
+				for a := range rg.nodes {
+					c.column(ri, a)
+				}
+			}
+		}
+	}
+	if len(r.forgedDepose) > 0 {
+		return &Violation{Check: CheckForgedDepose, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind),
+			Detail: fmt.Sprintf("term %d's store was fenced by a head no coordinator wrote (head revision %d)", r.term, r.tkv.rev)}
+	}
+	for len(c.resume) > 0 && r.now >= c.resume[0].at {
+		rc := c.resume[0]
+		c.resume = c.resume[1:]
+		c.resumed = true
+		if v := c.resumeCheck(e, rc); v != nil {
+			return v
+		}
+	}
+	if e.kind == evCoordTick && r.coord != nil {
+		if v := c.caps(e); v != nil {
+			return v
+		}
 	}
 	for ri, rg := range r.regions {
 		for a := range rg.nodes {
@@ -216,6 +463,9 @@ func (c *checker) after(r *Run, e *event) error {
 	if r.now >= c.live {
 		c.live, c.lived = math.MaxInt64, true
 		if v := c.liveness(e); v != nil {
+			return v
+		}
+		if v := c.converge(e); v != nil {
 			return v
 		}
 	}
@@ -304,7 +554,8 @@ func CheckRun(sc *Scenario, strategy string, interval time.Duration, seed uint64
 // runStats is what a run's checks did.
 type runStats struct {
 	checks int64
-	lived  bool // the liveness check ran
+	lived   bool // the liveness check ran
+	resumed bool // a CheckResume ran
 }
 
 // checkRun is CheckRun with a planted bug (nil: none).
@@ -317,12 +568,15 @@ func checkRun(sc *Scenario, strategy string, interval time.Duration, seed uint64
 	c.bug = bug
 	r.check = c.after
 	res, err := r.Simulate()
-	st := runStats{checks: c.checks, lived: c.lived}
+	st := runStats{checks: c.checks, lived: c.lived, resumed: c.resumed}
 	if v, ok := err.(*Violation); ok {
 		return v, st, nil
 	}
 	if err != nil {
 		return nil, st, err
+	}
+	if v := c.resources(); v != nil {
+		return v, st, nil
 	}
 	return checkEnd(sc, strategy, res), st, nil
 }

@@ -42,13 +42,12 @@ func (r *Run) Terms() []TermStart { return slices.Clone(r.terms) }
 // its revision as JetStream KV does. Calls reach it after half the
 // scenario's mean latency and are answered after the other half (the
 // bucket is replicated, so its nearest copy is one link away from every
-// region); a region that is down has no process to make a call. The
-// bucket's revision sequence is its own: the candidates compare only this
-// key's.
+// region); a region that is down has no process to make a call, and a
+// call fails while its agent is cut from NATS or the bucket is lost. Its
+// revisions come from the bucket's sequence, which the table head shares.
 type electKV struct {
 	value []byte
 	rev   uint64 // 0: absent
-	seq   uint64
 }
 
 // electionConfig is what each candidate runs on: production's timing, and
@@ -120,6 +119,25 @@ func (r *Run) crash(ci int) {
 	}
 }
 
+// deposeCandidate ends candidate ci's term as gossip's campaignOnce does
+// when its coordinate returns ErrDeposed (a fenced store, or a stored
+// table of this term or later): the term stops, the campaign stops —
+// releasing the key if it still leads, best effort — and a new campaign
+// starts TTL/3 later.
+func (r *Run) deposeCandidate(ci int) {
+	c := &r.cands[ci]
+	if r.leader == ci {
+		r.leader, r.coord = -1, nil
+	}
+	op, _ := c.c.Stop(r.candClocks(c), "deposed")
+	old := c.gen
+	c.gen++ // the old campaign hears nothing more
+	if op.Kind == protocol.OpUpdate {
+		r.schedule(event{t: r.now + r.kvHalf(), kind: evKV, a: int32(ci), b: int32(old), msg: op})
+	}
+	r.schedule(event{t: r.now + (ElectionTTL / 3).Microseconds(), kind: evCampaign, a: int32(ci), b: int32(c.gen)})
+}
+
 // restart starts candidate ci's process afresh: a follower that reads the
 // key at once.
 func (r *Run) restart(ci int) error {
@@ -157,14 +175,21 @@ func (r *Run) step(ci int, gen uint32) error {
 	for _, ev := range evs {
 		switch ev.Kind {
 		case protocol.Elected:
-			if r.coord != nil {
+			if r.leader >= 0 {
 				// The candidates' clocks differ by less than MaxSkew, so
-				// the election never elects two at once: a simulator bug.
-				return fmt.Errorf("sim: %s elected for term %d while term %d runs", r.electionConfig(c).ID, ev.Term, r.term)
+				// the key elects two at once only when the bucket was lost
+				// under a leader that has not yet tried to renew: the new
+				// term's first store moves the head, and the old term's
+				// next one is fenced. The simulator runs one term at a
+				// time, so the old one ends here, a renewal early.
+				if !r.tkv.lost && len(r.sc.Faults.KVLoss) == 0 {
+					return fmt.Errorf("sim: %s elected for term %d while term %d runs", r.electionConfig(c).ID, ev.Term, r.term)
+				}
+				r.deposeCandidate(r.leader)
 			}
 			r.leader, r.coordIdx = ci, c.ri
 			r.terms = append(r.terms, TermStart{Term: ev.Term, At: r.now, Region: r.regions[c.ri].name, Agent: agentName(r.regions[c.ri].name, c.a)})
-			if err := r.startCoordinator(ev.Term, r.coordNow()); err != nil {
+			if err := r.startCoordinator(ci, ev.Term, r.coordNow()); err != nil {
 				return err
 			}
 		case protocol.Deposed:
@@ -179,6 +204,7 @@ func (r *Run) step(ci int, gen uint32) error {
 	case protocol.OpWait:
 		r.schedule(event{t: max(op.Until, r.now), kind: evElect, a: int32(ci), b: int32(gen)})
 	case protocol.OpRead, protocol.OpCreate, protocol.OpUpdate:
+		r.regions[c.ri].kvOps[c.a]++
 		r.schedule(event{t: r.now + r.kvHalf(), kind: evKV, a: int32(ci), b: int32(gen), msg: op})
 	}
 	return nil
@@ -190,7 +216,12 @@ func (r *Run) kvHalf() int64 { return us(r.sc.Latency.Mean) }
 // kvArrive applies candidate ci's call at the bucket and sends the answer
 // back, which its process hears only if it is the one that sent it.
 func (r *Run) kvArrive(ci int, gen uint32, op protocol.KVOp) {
-	res := r.kvApply(op)
+	var res protocol.KVResult
+	if c := &r.cands[ci]; r.kvReachable(c.ri, c.a) {
+		res = r.kvApply(op)
+	} else {
+		res.Err = errKVUnavailable
+	}
 	if c := &r.cands[ci]; !c.dead && gen == c.gen {
 		c.res = res
 		r.schedule(event{t: r.now + r.kvHalf(), kind: evElect, a: int32(ci), b: int32(gen)})
@@ -213,8 +244,8 @@ func (r *Run) kvApply(op protocol.KVOp) protocol.KVResult {
 			res.Err = protocol.ErrConflict
 			break
 		}
-		kv.seq++
-		kv.value, kv.rev = op.Value, kv.seq
+		r.bucketSeq++
+		kv.value, kv.rev = op.Value, r.bucketSeq
 		res.Rev = kv.rev
 	}
 	return res

@@ -3,6 +3,7 @@ package sim
 import (
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"math"
@@ -40,6 +41,23 @@ const (
 	evKV          // candidate a's (generation b) KV call reaches the bucket
 	evRegionDown  // region a's loss begins: its agents' processes die
 	evRegionUp    // region a is back: its agents restart
+	evFault       // a cluster fault's edge: a = faultNATSDown … , b = its index
+	evWatchRetry  // agent b of region a retries its failed watch
+	evResync      // agent b of region a rereads the head
+	evCoordRetry  // candidate a (generation b) starts term c again, its first start having failed
+	evCampaign    // candidate a (generation b) stands again after its term was fenced
+)
+
+// evFault's edges.
+const (
+	faultNATSDown = iota
+	faultNATSUp
+	faultKVLost
+	faultKVBack
+	faultAgentCut
+	faultAgentBack
+	faultHeadWrite
+	faultClockStep
 )
 
 // event is one thing that happens at t.
@@ -138,6 +156,10 @@ type regionState struct {
 	clocks []region.Clock      // per agent: its time, from its host's wall clock (nodeNow)
 	acked  [][2]uint64         // per agent: the (term, epoch) last acknowledged
 	follow []protocol.Follower // per agent: which tables reach it, as gossip.Loop decides
+	watch  []agentWatch        // per agent: its watch of the table head
+	ncfg   []region.Config     // per agent: its node's configuration
+	busOut []int64             // per agent: messages it published (reports' chunks, acks)
+	kvOps  []int64             // per agent: its calls to the bucket (election, head reads)
 	rr     int
 	weight float64
 	first  int // index of this region's first agent among all agents
@@ -216,7 +238,22 @@ type Run struct {
 	coord    *protocol.Term // the coordinator's term, as gossip.Loop runs it; nil while down
 	coordIdx int            // the region of the coordinator (the last one while none leads)
 	term     uint64
-	stored   *rebalance.Table // the KV bucket's latest table
+	stored   *rebalance.Table // the latest table a coordinator stored
+	crev     uint64           // the head revision the running term last wrote or read
+
+	// The KV bucket and NATS (cluster.go).
+	tkv        tableStore
+	bucketSeq  uint64 // the bucket's revision sequence (head and election key)
+	signKey    ed25519.PrivateKey
+	forgeKey   ed25519.PrivateKey
+	verifyKeys []ed25519.PublicKey
+	verified   map[*byte]verdict
+	// forgedDepose lists when a term was fenced by a head no coordinator
+	// wrote (the explorer's check; kept only when checking).
+	forgedDepose []int64
+	// reportChunks is the most chunks one report took (the resource
+	// bound's report size).
+	reportChunks int
 
 	// The coordinator election, as gossip.Election.Campaign runs it: every
 	// agent a protocol.Candidate on the bucket's election key.
@@ -256,6 +293,9 @@ type decisions struct {
 	// coordinator's queue dropped, reported keys beyond MaxKeys (per
 	// report naming them), tables an agent's Follower found stale.
 	QueueDropped, Overflow, StaleTables int64
+	// The bucket: heads agents refused (no verified table), head reads
+	// (resyncs, watch re-creations), stores fenced and failed.
+	InvalidHeads, HeadReads, Fenced, StoreErrors int64
 }
 
 // NewRun prepares a run of sc under one strategy, interval and seed,
@@ -265,6 +305,7 @@ func NewRun(sc *Scenario, strategy string, interval time.Duration, seed uint64, 
 		rng: rand.New(rand.NewPCG(seed, 0x6d6572696469616e)), ctx: context.Background(),
 		erng: rand.New(rand.NewPCG(seed, 0x656c656374696f6e)), leader: -1}
 	r.end = us(sc.Duration)
+	r.clusterKeys()
 	if trace != nil {
 		r.end = (trace.end + 999_999) / 1_000_000 * 1_000_000
 	}
@@ -457,6 +498,7 @@ func (r *Run) buildRegions() error {
 			ncfg.SafeFraction = cfg.SafeFraction
 			ncfg.MaxSkew = cfg.MaxSkew
 			ncfg.MaxReserveWait = cfg.Fence // the horizon the agent allows: the fence
+			st.ncfg = append(st.ncfg, ncfg)
 			n, err := region.NewNode(ncfg, r.policy, &st.fail)
 			if err != nil {
 				return err
@@ -465,6 +507,9 @@ func (r *Run) buildRegions() error {
 			st.clocks = append(st.clocks, region.Clock{})
 			st.acked = append(st.acked, [2]uint64{})
 			st.follow = append(st.follow, protocol.Follower{})
+			st.watch = append(st.watch, agentWatch{})
+			st.busOut = append(st.busOut, 0)
+			st.kvOps = append(st.kvOps, 0)
 		}
 		r.regions = append(r.regions, st)
 		if rg.Name == r.sc.Coordinator.Region {
@@ -498,25 +543,45 @@ func (r *Run) termConfig() protocol.CoordinatorConfig {
 	}
 }
 
-// startCoordinator starts the next term at now as gossip.Loop.coordinate
-// does: a protocol.Term from the latest stored table with the live members
-// (given to the core before its StartTerm), whose first table is stored
-// and published at once. The term learns its keys from the reports that
-// name them, budgeted by the nodes' policy, and keeps the stored table's.
-func (r *Run) startCoordinator(term uint64, now int64) error {
-	r.term = term
-	tm, err := protocol.NewTerm(r.termConfig(), r.term, r.stored, r.live(), r.policy, now)
-	if err != nil {
-		// Only this run writes the bucket, each term once after the last:
-		// a stored table of this term or a later one is a simulator bug.
-		return fmt.Errorf("sim: start coordinator term %d: %w", r.term, err)
+// startCoordinator starts term on candidate ci at now as gossip.Loop's
+// coordinate does: it reads the head (a failed read: coordinate returns,
+// and campaignOnce starts it again a second later), starts a
+// protocol.Term from the table the head holds (none, or one it cannot
+// verify: the floors) with the live members (given to the core before its
+// StartTerm), and stores and publishes its first table at once. A
+// NewTerm refusal (the stored table's term is not below this one) deposes
+// it as a fenced store does. The term learns its keys from the reports
+// that name them, budgeted by the nodes' policy, and keeps the stored
+// table's.
+func (r *Run) startCoordinator(ci int, term uint64, now int64) error {
+	c := &r.cands[ci]
+	if !r.kvReachable(c.ri, c.a) {
+		r.schedule(event{t: r.now + 1_000_000, kind: evCoordRetry, a: int32(ci), b: int32(c.gen), c: int64(term)})
+		return nil
 	}
-	r.coord = tm
+	var latest *rebalance.Table
+	r.crev = r.tkv.rev
+	if r.tkv.head != nil {
+		t, err := r.readHead(r.tkv.head)
+		if err != nil {
+			r.dec.InvalidHeads++
+		} else {
+			latest = t
+		}
+	}
+	tm, err := protocol.NewTerm(r.termConfig(), term, latest, r.live(), r.policy, now)
+	if errors.Is(err, protocol.ErrDeposed) {
+		r.deposeCandidate(ci)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("sim: start coordinator term %d: %w", term, err)
+	}
+	r.term, r.coord = term, tm
 	if err := r.termEvents(); err != nil {
 		return err
 	}
-	r.publish(tm.Unstored())
-	return nil
+	return r.publish(tm.Unstored())
 }
 
 // live lists the agents the coordinator can see, sorted as
@@ -661,6 +726,7 @@ func (r *Run) Simulate() (*Result, error) {
 			r.schedule(event{t: us(f.At), kind: evRegionDown, a: ri})
 			r.schedule(event{t: us(f.At + f.For), kind: evRegionUp, a: ri})
 		}
+		r.scheduleClusterFaults()
 	}
 	for len(r.events) > 0 {
 		e := r.unpack(r.events.pop())
@@ -814,7 +880,9 @@ func (r *Run) handle(e *event) error {
 			if err := r.termEvents(); err != nil {
 				return err
 			}
-			r.publish(t)
+			if err := r.publish(t); err != nil {
+				return err
+			}
 		}
 		r.schedule(event{t: e.t + r.tickEvery, kind: evCoordTick})
 	case evReport:
@@ -831,19 +899,33 @@ func (r *Run) handle(e *event) error {
 			_ = tm.Ack(rg.name, agentName(rg.name, int(e.b)), tv[0], tv[1]) // production logs and ignores it
 		}
 	case evTable:
-		// Each agent's Follower decides whether the table reaches it
-		// (strictly newer by term and epoch than the last delivered), as
-		// gossip.Loop's watch does; the node applies what it delivers.
+		// A head reaches region a's watchers (b: only agent b-1).
 		rg := r.regions[e.a]
-		t := e.msg.(*rebalance.Table)
-		for a, n := range rg.nodes {
-			if ok, _ := rg.follow[a].Offer(t); !ok {
-				r.dec.StaleTables++
-				continue
+		for a := range rg.nodes {
+			if e.b == 0 || int(e.b) == a+1 {
+				if err := r.deliverHead(int(e.a), a, e.msg.(*headMsg)); err != nil {
+					return err
+				}
 			}
-			if err := n.Apply(t, rg.nodeNow(a, e.t)); err != nil && !errors.Is(err, region.ErrStaleTable) {
-				return fmt.Errorf("sim: apply table: %w", err)
+		}
+	case evFault:
+		return r.fault(int(e.a), int(e.b))
+	case evWatchRetry:
+		r.watchRetry(int(e.a), int(e.b))
+	case evResync:
+		r.resync(int(e.a), int(e.b))
+	case evCoordRetry:
+		if ci := int(e.a); r.leader == ci && r.coord == nil && uint32(e.b) == r.cands[ci].gen {
+			if term, ok := r.cands[ci].c.Leading(); ok && term == uint64(e.c) {
+				return r.startCoordinator(ci, term, r.coordNow())
 			}
+		}
+	case evCampaign:
+		if ci := int(e.a); uint32(e.b) == r.cands[ci].gen && !r.cands[ci].dead {
+			if err := r.newCandidate(ci); err != nil {
+				return err
+			}
+			return r.step(ci, r.cands[ci].gen)
 		}
 	case evSyncDeliver:
 		r.deliver(e.msg.(*syncBatch))
@@ -873,8 +955,15 @@ func (r *Run) handle(e *event) error {
 				r.crash(ci)
 			}
 		}
+		r.watchesFail(int(e.a), -1)
 	case evRegionUp:
 		if !r.regionDown(int(e.a), r.now) { // not still down by another spell
+			for a := range r.regions[e.a].nodes { // its processes start their watches afresh
+				if w := &r.regions[e.a].watch[a]; w.down {
+					w.timer.Reset()
+					r.schedule(event{t: r.now, kind: evWatchRetry, a: e.a, b: int32(a)})
+				}
+			}
 			for ci := range r.cands {
 				if c := &r.cands[ci]; c.ri == int(e.a) && c.dead {
 					if err := r.restart(ci); err != nil {
@@ -1194,12 +1283,7 @@ func (r *Run) link(a, b int) (int64, bool) {
 	if a == b {
 		return 0, false
 	}
-	l := r.sc.Latency
-	for _, o := range r.sc.Links {
-		if (o.From == r.regions[a].name && o.To == r.regions[b].name) || (o.From == r.regions[b].name && o.To == r.regions[a].name) {
-			l = o
-		}
-	}
+	l := r.linkSpec(a, b)
 	if r.partitioned(a, b) {
 		return 0, true
 	}
@@ -1216,6 +1300,17 @@ func (r *Run) link(a, b int) (int64, bool) {
 	return d, false
 }
 
+// linkSpec is the link between regions a and b.
+func (r *Run) linkSpec(a, b int) LinkSpec {
+	l := r.sc.Latency
+	for _, o := range r.sc.Links {
+		if (o.From == r.regions[a].name && o.To == r.regions[b].name) || (o.From == r.regions[b].name && o.To == r.regions[a].name) {
+			l = o
+		}
+	}
+	return l
+}
+
 // agentTick runs one agent's loop: report, acknowledge the table in force.
 func (r *Run) agentTick(ri, a int) {
 	rg := r.regions[ri]
@@ -1226,6 +1321,7 @@ func (r *Run) agentTick(ri, a int) {
 	local := rg.nodeNow(a, r.now)
 	if rep := n.Tick(local); rep != nil && !r.baseline() {
 		bytes, msgs := wire.ReportSize(wireCluster, rep, local, wire.DefaultMaxMessage)
+		r.reportChunks = max(r.reportChunks, msgs)
 		r.send(ri, evReport, int32(ri), int32(a), &sentReport{rep: rep, sent: local}, bytes, msgs)
 	}
 	if r.baseline() {
@@ -1242,6 +1338,7 @@ func (r *Run) agentTick(ri, a int) {
 // send delivers a report or ack from region ri to the coordinator: msgs
 // messages (chunks) of bytes in all, lost or delivered together.
 func (r *Run) send(ri int, kind uint8, a, b int32, msg any, bytes, msgs int) {
+	r.regions[ri].busOut[b] += int64(msgs)
 	switch kind {
 	case evReport:
 		r.dec.Reports += int64(msgs)
@@ -1251,11 +1348,14 @@ func (r *Run) send(ri int, kind uint8, a, b int32, msg any, bytes, msgs int) {
 		r.dec.AckBytes += int64(bytes)
 	}
 	d, lost := r.link(ri, r.coordIdx)
-	if lost || r.coord == nil {
+	if lost || r.coord == nil || r.agentCut(ri, int(b)) || r.agentCut(r.cands[r.leader].ri, r.cands[r.leader].a) {
 		r.dec.Lost += int64(msgs)
 		return
 	}
 	r.schedule(event{t: r.now + d, kind: kind, a: a, b: b, msg: msg})
+	if r.duplicate(ri, r.coordIdx) {
+		r.schedule(event{t: r.now + d + r.jitter(ri, r.coordIdx), kind: kind, a: a, b: b, msg: msg})
+	}
 }
 
 // sentReport is a report in flight with the agent's clock when it sent
@@ -1265,27 +1365,40 @@ type sentReport struct {
 	sent int64
 }
 
-// publish stores t (nil: nothing to store) in the KV bucket — the sim's
-// compare-and-set always succeeds: one coordinator writes at a time — and
-// sends it to every region over the links, as the agents' watches of the
-// bucket would deliver it.
-func (r *Run) publish(t *rebalance.Table) {
-	if t == nil {
-		return
+// publish stores t (nil: nothing to store) as coordinate's store does:
+// signed, compare-and-set on the revision the term last wrote or read,
+// the term told the outcome (Stored). Fenced: the term ends and its
+// candidate stands again (deposeCandidate). Failed otherwise: the next
+// Tick returns t again. Stored: every agent's watch hears of it.
+func (r *Run) publish(t *rebalance.Table) error {
+	if t == nil || r.coord == nil {
+		return nil
 	}
-	r.stored = t
-	_ = r.coord.Stored(t, nil) // nil error: never deposed
-	bytes, msgs := wire.TableSize(wireCluster, t, wire.DefaultMaxMessage)
-	for ri := range r.regions {
-		r.dec.Tables += int64(msgs)
-		r.dec.TableBytes += int64(bytes)
-		d, lost := r.link(r.coordIdx, ri)
-		if lost {
-			r.dec.Lost += int64(msgs)
-			continue
+	chunks, err := wire.EncodeTable(wireCluster, t, r.signKey, wire.DefaultMaxMessage)
+	if err != nil {
+		return fmt.Errorf("sim: encode table: %w", err)
+	}
+	rev, serr := r.storeTable(r.leader, r.crev, t, chunks)
+	if err := r.coord.Stored(t, serr); err != nil {
+		r.dec.Fenced++
+		if r.tkv.rev != 0 && !r.tkv.byCoord && r.check != nil {
+			r.forgedDepose = append(r.forgedDepose, r.now)
 		}
-		r.schedule(event{t: r.now + d, kind: evTable, a: int32(ri), msg: t})
+		r.deposeCandidate(r.leader)
+		return nil
 	}
+	if serr != nil {
+		r.dec.StoreErrors++
+		return nil
+	}
+	r.crev, r.stored = rev, t
+	bytes := 0
+	for _, b := range chunks {
+		bytes += len(b)
+	}
+	r.writeHead(r.tkv.head, rev, len(chunks))
+	r.dec.TableBytes += int64((bytes - len(chunks[0])) * len(r.regions))
+	return nil
 }
 
 // wireCluster is the cluster name the simulator's messages carry, for

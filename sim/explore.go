@@ -21,22 +21,28 @@ import (
 // schedule printed as a scenario that `meridian sim --scenario FILE
 // --check` replays exactly.
 //
-// A schedule is drawn from the fault kinds the scenario language has:
-// partitions of one region (the coordinator's too: reports, acks and
-// tables cut), Redis outages, coordinator failovers (a new term from the
-// stored table), region loss and return, traffic moves and flash crowds;
-// per schedule, the strategy (full, the over-committing baseline, now and
-// then), the interval, 1–3 agents per region, static clock skew within
-// the coordinator's MaxSkew, link jitter (reordering) and loss, deciding,
-// retrying or reserving clients (a mix with deciding ones), and
-// failure_mode closed or, now and then, an over-admitting one (open,
-// local, error). Not covered yet, for they need the in-memory NATS, KV and
-// membership links (gossip/memnet) wired into the simulator: KV bucket
-// loss and watch drops, NATS outages apart from partitions, forged,
-// replayed and unverifiable table heads, duplicated messages, partitions
-// of one agent, membership's detection delay and false suspicions, clock
-// steps, key churn beyond on/off demand, and policy reloads. Liveness and
-// resource checks are not here yet either.
+// A schedule is drawn from the fault kinds the scenario language has
+// (FaultKinds): partitions of one region (the coordinator's too: reports,
+// acks and tables cut), Redis outages, coordinator failovers (a new term
+// from the stored head), region loss and return, NATS outages shorter and
+// longer than the lease, loss of the KV bucket, forged, replayed and
+// undecodable table heads, partitions of one agent from NATS, clock
+// steps, traffic moves and flash crowds; per schedule, the strategy
+// (full, the over-committing baseline, now and then), the interval, 1–3
+// agents per region, static clock skew within the coordinator's MaxSkew,
+// link jitter (reordering), loss and duplication, deciding, retrying or
+// reserving clients (a mix with deciding ones), and failure_mode closed
+// or, now and then, an over-admitting one (open, local, error). The
+// checks are check.go's: safety after every event, liveness (tables in
+// force, convergence to them, rebalancing resuming after a crash) and
+// resources (messages and bucket calls per agent, the coordinator's
+// entries).
+//
+// Not drawn yet: membership's detection delay and false suspicions (the
+// simulator's membership is its regions' reachability, instant), a
+// crash of the coordinator's whole agent (a failover ends its candidate,
+// its node keeps deciding), key churn beyond on/off demand, and policy
+// reloads.
 
 // ExploreOptions configures Explore.
 type ExploreOptions struct {
@@ -71,8 +77,32 @@ type ExploreReport struct {
 	Checks int64 `json:"checks"`
 	// Liveness counts the schedules whose liveness check ran (lossless
 	// links, lease + 3Δ after the last fault inside the run).
-	Liveness int       `json:"liveness"`
+	Liveness int `json:"liveness"`
+	// Resumed counts the schedules where CheckResume ran (a coordinator
+	// crash with nothing else wrong in its window).
+	Resumed  int       `json:"resumed"`
 	Failures []Failure `json:"failures"`
+}
+
+// ByCheck counts the failures per check (Shrunk.Check), in check order.
+func (r *ExploreReport) ByCheck() []CheckCount {
+	var out []CheckCount
+	for _, f := range r.Failures {
+		i := slices.IndexFunc(out, func(c CheckCount) bool { return c.Check == f.Shrunk.Check })
+		if i < 0 {
+			out = append(out, CheckCount{Check: f.Shrunk.Check})
+			i = len(out) - 1
+		}
+		out[i].N++
+	}
+	slices.SortFunc(out, func(a, b CheckCount) int { return cmp.Compare(a.Check, b.Check) })
+	return out
+}
+
+// CheckCount is how many failures violate one check.
+type CheckCount struct {
+	Check string
+	N     int
 }
 
 // Failure is one failing schedule, shrunk.
@@ -122,17 +152,21 @@ func ExploreBase() *Scenario {
 // does not host the coordinator, a Redis outage, a coordinator failover,
 // a traffic move and a flash crowd.
 func FaultKinds() []string {
-	return []string{"partition", "region-loss", "redis-outage", "failover", "move", "flash"}
+	return []string{"partition", "region-loss", "redis-outage", "failover", "move", "flash",
+		"nats-outage", "kv-loss", "head", "agent-partition", "clock-step"}
 }
 
 // fault is one event of a schedule: a window [At, At+For) of a kind.
 type fault struct {
-	Kind    string // partition, region-loss, redis-outage, failover, move, flash
+	Kind    string // one of FaultKinds
 	At, For time.Duration
 	Region  string // the region it hits (move: from)
 	To      string // move: the region traffic moves to
 	Keys    int    // flash: how many of the most popular keys
 	Factor  float64
+	Agent   int           // agent-partition: which agent of Region (from 1)
+	Head    string        // head: the HeadSpec kind
+	Step    time.Duration // clock-step: by how much
 }
 
 // plan is one schedule: the run's set-up and its faults.
@@ -194,6 +228,10 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 		sc.Latency.Loss = 0.02 + 0.08*rng.Float64()
 		sc.Latency.Jitter = sc.Latency.Mean
 	}
+	sc.Latency.Duplicate = 0
+	if rng.IntN(4) == 0 {
+		sc.Latency.Duplicate = 0.05 + 0.2*rng.Float64()
+	}
 	sc.Workload.Retry = nil
 	switch rng.IntN(4) {
 	case 0:
@@ -214,7 +252,7 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 		f.For = min(time.Second+time.Duration(rng.Int64N(int64(4*sc.Lease.D()+1))), run-f.At-time.Second)
 		f.At, f.For = f.At.Round(100*time.Millisecond), f.For.Round(100*time.Millisecond)
 		f.Region = names[rng.IntN(len(names))]
-		switch rng.IntN(7) {
+		switch rng.IntN(12) {
 		case 0, 1:
 			f.Kind = "partition"
 		case 2:
@@ -238,6 +276,32 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 			}
 		case 6:
 			f.Kind, f.Keys, f.Factor = "flash", 1+rng.IntN(sc.Keys.Count), 2+8*rng.Float64()
+		case 7:
+			f.Kind = "nats-outage" // For: 1 s to 4 leases, so shorter and longer than the lease
+		case 8:
+			f.Kind = "kv-loss"
+			f.For = time.Duration(1+rng.IntN(50)) * 100 * time.Millisecond
+		case 9:
+			f.Kind, f.For = "head", 0
+			f.Head = HeadKinds()[rng.IntN(len(HeadKinds()))]
+		case 10:
+			j := slices.Index(names, f.Region)
+			f.Kind, f.Agent = "agent-partition", 1+rng.IntN(sc.Regions[j].Agents)
+		case 11:
+			// A step that keeps the region within the skew the explorer
+			// allows (half the coordinator's MaxSkew either way).
+			j := slices.Index(names, f.Region)
+			cur := sc.Regions[j].ClockSkew.D()
+			for _, o := range p.faults {
+				if o.Kind == "clock-step" && o.Region == f.Region {
+					cur += o.Step
+				}
+			}
+			to := time.Duration(rng.Int64N(int64(2*skew)+1)) - skew
+			f.Kind, f.For, f.Step = "clock-step", 0, (to - cur).Round(time.Millisecond)
+			if f.Step == 0 {
+				continue
+			}
 		}
 		if kinds != nil && !slices.Contains(kinds, f.Kind) {
 			continue
@@ -265,6 +329,11 @@ func cloneScenario(sc *Scenario) *Scenario {
 	c.Faults.Partitions = slices.Clone(sc.Faults.Partitions)
 	c.Faults.RegionLoss = slices.Clone(sc.Faults.RegionLoss)
 	c.Faults.RedisOutage = slices.Clone(sc.Faults.RedisOutage)
+	c.Faults.NATSOutage = slices.Clone(sc.Faults.NATSOutage)
+	c.Faults.KVLoss = slices.Clone(sc.Faults.KVLoss)
+	c.Faults.Heads = slices.Clone(sc.Faults.Heads)
+	c.Faults.AgentPartition = slices.Clone(sc.Faults.AgentPartition)
+	c.Faults.ClockSteps = slices.Clone(sc.Faults.ClockSteps)
 	return &c
 }
 
@@ -286,6 +355,16 @@ func (p *plan) scenario() *Scenario {
 			sc.Workload.Moves = append(sc.Workload.Moves, MoveSpec{From: f.Region, To: f.To, At: Duration(f.At)})
 		case "flash":
 			sc.Workload.Flash = append(sc.Workload.Flash, FlashSpec{Region: f.Region, At: sp.At, For: sp.For, Keys: f.Keys, Factor: f.Factor})
+		case "nats-outage":
+			sc.Faults.NATSOutage = append(sc.Faults.NATSOutage, sp)
+		case "kv-loss":
+			sc.Faults.KVLoss = append(sc.Faults.KVLoss, sp)
+		case "head":
+			sc.Faults.Heads = append(sc.Faults.Heads, HeadSpec{At: sp.At, Kind: f.Head})
+		case "agent-partition":
+			sc.Faults.AgentPartition = append(sc.Faults.AgentPartition, AgentSpell{FaultSpell: sp, Region: f.Region, Agent: f.Agent})
+		case "clock-step":
+			sc.Faults.ClockSteps = append(sc.Faults.ClockSteps, ClockStep{At: sp.At, Region: f.Region, Step: Duration(f.Step)})
 		}
 	}
 	return sc
@@ -372,6 +451,9 @@ func Explore(opt ExploreOptions) (*ExploreReport, error) {
 		rep.Checks += o.st.checks
 		if o.st.lived {
 			rep.Liveness++
+		}
+		if o.st.resumed {
+			rep.Resumed++
 		}
 		if o.over {
 			rep.OverAdmitting++

@@ -100,6 +100,9 @@ type LinkSpec struct {
 	Mean   Duration `yaml:"mean"`
 	Jitter Duration `yaml:"jitter"`
 	Loss   float64  `yaml:"loss"`
+	// Duplicate is the probability that a message arrives twice, the copy
+	// up to Jitter later.
+	Duplicate float64 `yaml:"duplicate,omitempty"`
 }
 
 // CoordSpec places the first coordinator and its failovers. Every agent
@@ -205,6 +208,53 @@ type FaultsSpec struct {
 	Partitions  []PartitionSpec `yaml:"partitions"`
 	RegionLoss  []RegionSpell   `yaml:"region_loss"`
 	RedisOutage []RegionSpell   `yaml:"redis_outage"`
+	// NATSOutage cuts every agent from NATS: reports, acknowledgements,
+	// table heads and the KV bucket (election and table store) are
+	// unreachable while it lasts; each agent's watch is re-created when
+	// it ends.
+	NATSOutage []FaultSpell `yaml:"nats_outage,omitempty"`
+	// KVLoss deletes the KV bucket at At — the table head, its chunks and
+	// the election key — and recreates it empty at At+For, its revisions
+	// restarting at 1; in between every call to it fails.
+	KVLoss []FaultSpell `yaml:"kv_loss,omitempty"`
+	// Heads are writes to the table head by something other than the
+	// coordinator.
+	Heads []HeadSpec `yaml:"heads,omitempty"`
+	// AgentPartition cuts one agent from NATS (its region's other agents,
+	// its store and its membership stay up).
+	AgentPartition []AgentSpell `yaml:"agent_partition,omitempty"`
+	// ClockSteps step a region's clock (its hosts' and its store's) by
+	// Step at At, for the rest of the run.
+	ClockSteps []ClockStep `yaml:"clock_steps,omitempty"`
+}
+
+// HeadSpec writes the table head at At, as anyone with write access to
+// the bucket could: Kind "forged" is a well-formed table signed by a key
+// the cluster does not trust (a higher term than any real one), "replayed"
+// the genuine head the coordinator stored Age before At (default 10 s;
+// the run's first if none is that old), "garbage" bytes that do not
+// decode.
+type HeadSpec struct {
+	At   Duration `yaml:"at"`
+	Kind string   `yaml:"kind"`
+	Age  Duration `yaml:"age,omitempty"`
+}
+
+// HeadKinds lists HeadSpec's kinds.
+func HeadKinds() []string { return []string{"forged", "replayed", "garbage"} }
+
+// AgentSpell is a fault of one agent (Agent counts from 1) in a window.
+type AgentSpell struct {
+	FaultSpell `yaml:",inline"`
+	Region     string `yaml:"region"`
+	Agent      int    `yaml:"agent"`
+}
+
+// ClockStep steps Region's clock by Step (either sign) at At.
+type ClockStep struct {
+	At     Duration `yaml:"at"`
+	Region string   `yaml:"region"`
+	Step   Duration `yaml:"step"`
 }
 
 // FaultSpell is a window [At, At+For).
@@ -370,6 +420,9 @@ func (s *Scenario) Validate() error {
 		if l.Mean.D() > time.Minute {
 			bad(p+".mean", "%s: above 1m", l.Mean.D())
 		}
+		if !(l.Duplicate >= 0 && l.Duplicate < 1) {
+			bad(p+".duplicate", "%v: must be in [0, 1)", l.Duplicate)
+		}
 		if !(l.Loss >= 0 && l.Loss < 1) {
 			bad(p+".loss", "%v: must be in [0, 1)", l.Loss)
 		}
@@ -487,6 +540,42 @@ func (s *Scenario) Validate() error {
 		p := fmt.Sprintf("faults.redis_outage[%d]", i)
 		region(p+".region", r.Region)
 		s.checkSpell(&errs, p, r.FaultSpell)
+	}
+	for i, f := range s.Faults.NATSOutage {
+		s.checkSpell(&errs, fmt.Sprintf("faults.nats_outage[%d]", i), f)
+	}
+	for i, f := range s.Faults.KVLoss {
+		s.checkSpell(&errs, fmt.Sprintf("faults.kv_loss[%d]", i), f)
+	}
+	for i, h := range s.Faults.Heads {
+		p := fmt.Sprintf("faults.heads[%d]", i)
+		if !slices.Contains(HeadKinds(), h.Kind) {
+			bad(p+".kind", "%q: want one of %s", h.Kind, strings.Join(HeadKinds(), ", "))
+		}
+		if h.At < 0 || h.At >= s.Duration {
+			bad(p+".at", "%s: outside the run (%s)", h.At.D(), s.Duration.D())
+		}
+		if h.Age < 0 || (h.Age > 0 && h.Kind != "replayed") {
+			bad(p+".age", "%s: must be positive, and set only for kind replayed", h.Age.D())
+		}
+	}
+	for i, a := range s.Faults.AgentPartition {
+		p := fmt.Sprintf("faults.agent_partition[%d]", i)
+		region(p+".region", a.Region)
+		s.checkSpell(&errs, p, a.FaultSpell)
+		if j := slices.IndexFunc(s.Regions, func(r RegionSpec) bool { return r.Name == a.Region }); j >= 0 && (a.Agent < 1 || a.Agent > max(1, s.Regions[j].Agents)) {
+			bad(p+".agent", "%d: region %s has agents 1..%d", a.Agent, a.Region, max(1, s.Regions[j].Agents))
+		}
+	}
+	for i, c := range s.Faults.ClockSteps {
+		p := fmt.Sprintf("faults.clock_steps[%d]", i)
+		region(p+".region", c.Region)
+		if c.At < 0 || c.At >= s.Duration {
+			bad(p+".at", "%s: outside the run (%s)", c.At.D(), s.Duration.D())
+		}
+		if c.Step == 0 || c.Step.D() > time.Hour || c.Step.D() < -time.Hour {
+			bad(p+".step", "%s: must be nonzero and within ±1h", c.Step.D())
+		}
 	}
 	valid := append(rebalance.StrategyNames(), ReplicatedCounter, Oracle)
 	seen := map[string]bool{}

@@ -160,8 +160,11 @@ func runExplore(opt sim.ExploreOptions, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "explore: %d schedules from seed %d (%d over-admitting: OA_budget not checked; %d with the liveness check), %d safety checks: %d violations in %s\n",
-		rep.Schedules, rep.Seed, rep.OverAdmitting, rep.Liveness, rep.Checks, len(rep.Failures), time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(stdout, "explore: %d schedules from seed %d (%d over-admitting: OA_budget not checked; %d with the liveness checks, %d with the resume check), %d safety checks: %d violations in %s\n",
+		rep.Schedules, rep.Seed, rep.OverAdmitting, rep.Liveness, rep.Resumed, rep.Checks, len(rep.Failures), time.Since(start).Round(time.Millisecond))
+	for _, c := range rep.ByCheck() {
+		fmt.Fprintf(stdout, "  %s: %d\n", c.Check, c.N)
+	}
 	for _, f := range rep.Failures {
 		fmt.Fprintf(stdout, "\nschedule %d: %s at %s (%s), shrunk from %d to %d events:\n%s",
 			f.Schedule, f.Shrunk.Check, f.Shrunk.At.D(), f.Shrunk.Event, f.OriginalEvents, f.Events, f.YAML)

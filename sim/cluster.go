@@ -1,0 +1,429 @@
+package sim
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/meridian-quota/meridian/gossip/protocol"
+	"github.com/meridian-quota/meridian/gossip/wire"
+	"github.com/meridian-quota/meridian/rebalance"
+)
+
+// The simulator's KV bucket and NATS, as gossip.Loop and gossip.Transport
+// use them: the coordinator signs each table (wire.EncodeTable) and
+// compare-and-sets its head on the revision it last wrote or read
+// (protocol.Term.Stored decides what a refusal means); every agent watches
+// the head — protocol.HeadOrder choosing which heads it delivers,
+// protocol.WatchTimer timing a failed watch's retries and its resyncs —
+// reads each head with a protocol.TableReader against the cluster's trusted
+// key, and hands what verifies to its protocol.Follower and then its node.
+// A term starts from the head it reads (a head it cannot verify is no
+// table: the floors), and a term fenced or refused by NewTerm ends as
+// gossip's campaignOnce ends it: the candidate releases the key and stands
+// again TTL/3 later. Faults act on these: a NATS outage or an agent's
+// partition cuts its bus, watch and bucket calls; a bucket loss deletes
+// the head and the election key, and the recreated bucket's revisions
+// restart at 1; a head write puts forged, replayed or undecodable bytes
+// under the head.
+//
+// What is modelled rather than run: the bucket is one copy, reached by a
+// write or read after the coordinator's region's link delay (the election
+// key after kvHalf); a watch that is up delivers every write unless the
+// link loses it; heads are verified once per distinct write (a fresh
+// TableReader per head, the same verdict every agent would reach, cached
+// because ed25519 verification is most of a run's time otherwise).
+
+// tableStore is the bucket's table head and chunks.
+type tableStore struct {
+	head   []byte
+	rev    uint64 // 0: no head
+	byCoord bool  // the head was written by a coordinator's StoreTable
+	chunks map[[2]uint64][][]byte
+	lost   bool // deleted and not yet recreated
+	// genuine lists the heads coordinators stored, oldest first (the
+	// last maxGenuine), for replay faults.
+	genuine []storedHead
+}
+
+type storedHead struct {
+	at   int64
+	head []byte
+}
+
+const maxGenuine = 512
+
+// headMsg is a head reaching an agent's watch: written, or read back.
+type headMsg struct {
+	head []byte
+	rev  uint64
+}
+
+// agentWatch is one agent's watch of the head, as gossip.Transport's
+// WatchTables keeps it.
+type agentWatch struct {
+	order   protocol.HeadOrder
+	timer   protocol.WatchTimer
+	down    bool             // the watch failed and is being re-created
+	applied *rebalance.Table // the last table its node applied
+}
+
+// verdict is a head's reading, cached per distinct write.
+type verdict struct {
+	t   *rebalance.Table
+	err error
+}
+
+var errKVUnavailable = errors.New("sim: NATS or the KV bucket is unavailable")
+
+// clusterKeys derives the run's signing key and a forger's from its seed.
+func (r *Run) clusterKeys() {
+	rng := rand.New(rand.NewPCG(r.seed, 0x7369676e))
+	var seed [ed25519.SeedSize]byte
+	for i := range seed {
+		seed[i] = byte(rng.Uint32())
+	}
+	r.signKey = ed25519.NewKeyFromSeed(seed[:])
+	r.verifyKeys = []ed25519.PublicKey{r.signKey.Public().(ed25519.PublicKey)}
+	for i := range seed {
+		seed[i] = byte(rng.Uint32())
+	}
+	r.forgeKey = ed25519.NewKeyFromSeed(seed[:])
+	r.verified = map[*byte]verdict{}
+}
+
+// natsDown reports whether a NATS outage is on now.
+func (r *Run) natsDown() bool {
+	return slices.ContainsFunc(r.sc.Faults.NATSOutage, func(f FaultSpell) bool { return inSpell(r.now, f.At, f.For) })
+}
+
+// kvLost reports whether the bucket is deleted now.
+func (r *Run) kvLost() bool { return r.tkv.lost }
+
+// agentCut reports whether agent a of region ri cannot reach NATS now:
+// an outage, its own partition, or its region's loss.
+func (r *Run) agentCut(ri, a int) bool {
+	if r.natsDown() || r.regionDown(ri, r.now) {
+		return true
+	}
+	name := r.regions[ri].name
+	return slices.ContainsFunc(r.sc.Faults.AgentPartition, func(f AgentSpell) bool {
+		return f.Region == name && f.Agent == a+1 && inSpell(r.now, f.At, f.For)
+	})
+}
+
+// kvReachable reports whether agent a of region ri can call the bucket.
+func (r *Run) kvReachable(ri, a int) bool { return !r.agentCut(ri, a) && !r.tkv.lost }
+
+// readHead reads head as a coordinator or an agent does: a TableReader
+// trusting the cluster's key, the chunks fetched from the bucket.
+func (r *Run) readHead(head []byte) (*rebalance.Table, error) {
+	if len(head) == 0 {
+		return nil, fmt.Errorf("%w: empty head", wire.ErrInvalid)
+	}
+	if v, ok := r.verified[&head[0]]; ok {
+		return v.t, v.err
+	}
+	lim := wire.DefaultLimits()
+	// The full strategy's tables over-commit by the operator's choice; a
+	// receiver must be told to take them.
+	lim.AllowOvercommit = r.rcfg.Params.AllowOvercommit
+	rd := protocol.NewTableReader(wireCluster, lim, r.verifyKeys)
+	t, err := protocol.ReadTable(context.Background(), chunkFetcher{r}, rd, head)
+	if err == nil || protocol.Classify(err) != protocol.RefusedUnavailable {
+		r.verified[&head[0]] = verdict{t, err}
+	}
+	return t, err
+}
+
+type chunkFetcher struct{ r *Run }
+
+func (f chunkFetcher) FetchChunks(_ context.Context, term, epoch uint64, count int) ([][]byte, error) {
+	if f.r.tkv.lost {
+		return nil, errKVUnavailable
+	}
+	c, ok := f.r.tkv.chunks[[2]uint64{term, epoch}]
+	if !ok || len(c) != count-1 {
+		return nil, fmt.Errorf("sim: chunks of table %d.%d: gone", term, epoch)
+	}
+	return c, nil
+}
+
+// storeTable is gossip.Transport.StoreTable on the simulated bucket for
+// the coordinator on candidate ci: the head compare-and-set on prev.
+func (r *Run) storeTable(ci int, prev uint64, t *rebalance.Table, chunks [][]byte) (uint64, error) {
+	c := &r.cands[ci]
+	if !r.kvReachable(c.ri, c.a) {
+		return 0, errKVUnavailable
+	}
+	if r.tkv.rev != prev {
+		return 0, fmt.Errorf("%w (term %d epoch %d on revision %d)", protocol.ErrFenced, t.Term, t.Epoch, prev)
+	}
+	r.bucketSeq++
+	r.tkv.head, r.tkv.rev, r.tkv.byCoord = chunks[0], r.bucketSeq, true
+	if len(chunks) > 1 {
+		if r.tkv.chunks == nil {
+			r.tkv.chunks = map[[2]uint64][][]byte{}
+		}
+		clear(r.tkv.chunks) // the shell purges older tables' chunks
+		r.tkv.chunks[[2]uint64{t.Term, t.Epoch}] = chunks[1:]
+	}
+	r.tkv.genuine = append(r.tkv.genuine, storedHead{at: r.now, head: chunks[0]})
+	if len(r.tkv.genuine) > maxGenuine {
+		r.tkv.genuine = slices.Delete(r.tkv.genuine, 0, len(r.tkv.genuine)-maxGenuine)
+	}
+	return r.tkv.rev, nil
+}
+
+// writeHead sends the head just written to every region's watchers,
+// after the link from the bucket (at the coordinator's region).
+func (r *Run) writeHead(head []byte, rev uint64, msgs int) {
+	for ri := range r.regions {
+		r.dec.Tables += int64(msgs)
+		r.dec.TableBytes += int64(len(head))
+		d, lost := r.link(r.coordIdx, ri)
+		if lost {
+			r.dec.Lost += int64(msgs)
+			continue
+		}
+		hm := &headMsg{head: head, rev: rev}
+		r.schedule(event{t: r.now + d, kind: evTable, a: int32(ri), msg: hm})
+		if r.duplicate(r.coordIdx, ri) {
+			r.schedule(event{t: r.now + d + r.jitter(r.coordIdx, ri), kind: evTable, a: int32(ri), msg: hm})
+		}
+	}
+}
+
+// readBack schedules agent a of region ri's read of the head (a resync or
+// a re-created watch): its answer after the link from the bucket.
+func (r *Run) readBack(ri, a int) {
+	r.dec.HeadReads++
+	r.regions[ri].kvOps[a]++
+	if !r.kvReachable(ri, a) || r.tkv.head == nil {
+		return
+	}
+	d, lost := r.link(r.coordIdx, ri)
+	if lost {
+		return
+	}
+	r.schedule(event{t: r.now + d, kind: evTable, a: int32(ri), b: int32(a + 1), msg: &headMsg{head: r.tkv.head, rev: r.tkv.rev}})
+}
+
+// deliverHead is one agent's watch callback, gossip.Loop.watchTables:
+// HeadOrder, then the reader's verdict, then the Follower, then the node.
+func (r *Run) deliverHead(ri, a int, hm *headMsg) error {
+	rg := r.regions[ri]
+	w := &rg.watch[a]
+	if w.down || r.agentCut(ri, a) {
+		return nil // the watch is not up: the head is read again once it is
+	}
+	if !w.order.Seen(hm.rev) {
+		return nil
+	}
+	t, err := r.readHead(hm.head)
+	if err != nil {
+		r.dec.InvalidHeads++
+		return nil
+	}
+	if ok, _ := rg.follow[a].Offer(t); !ok {
+		r.dec.StaleTables++
+		return nil
+	}
+	err = rg.nodes[a].Apply(t, rg.nodeNow(a, r.now))
+	switch protocol.Outcome(err) {
+	case protocol.TableApplied:
+		w.applied = t
+	case protocol.TableRefused:
+		return fmt.Errorf("sim: apply table: %w", err)
+	}
+	return nil
+}
+
+// watchFailed marks agent a's watch failed now (its connection or the
+// bucket went) and schedules its first retry.
+func (r *Run) watchFailed(ri, a int) {
+	w := &r.regions[ri].watch[a]
+	if w.down {
+		return
+	}
+	w.down = true
+	r.schedule(event{t: w.timer.Failed(r.now), kind: evWatchRetry, a: int32(ri), b: int32(a)})
+}
+
+// watchRetry tries to re-create agent a's watch: up and its head read
+// back, or failed again with the timer's backoff.
+func (r *Run) watchRetry(ri, a int) {
+	w := &r.regions[ri].watch[a]
+	if !w.down {
+		return
+	}
+	if !r.kvReachable(ri, a) {
+		r.dec.HeadReads++
+		r.regions[ri].kvOps[a]++
+		r.schedule(event{t: w.timer.Failed(r.now), kind: evWatchRetry, a: int32(ri), b: int32(a)})
+		return
+	}
+	w.down = false
+	w.timer.Up(r.now)
+	r.readBack(ri, a)
+}
+
+// resync is an agent's periodic reread of the head while its watch is up.
+func (r *Run) resync(ri, a int) {
+	if w := &r.regions[ri].watch[a]; !w.down && !r.agentCut(ri, a) {
+		r.readBack(ri, a)
+	}
+	r.schedule(event{t: r.now + resyncEvery, kind: evResync, a: int32(ri), b: int32(a)})
+}
+
+// resyncEvery is protocol.DefaultWatchConfig's Resync, µs.
+var resyncEvery = protocol.DefaultWatchConfig().Resync.Microseconds()
+
+// faultStarts marks the watches a fault starting now breaks.
+func (r *Run) watchesFail(ri, a int) {
+	for i, rg := range r.regions {
+		for j := range rg.nodes {
+			if (ri < 0 || ri == i) && (a < 0 || a == j) {
+				r.watchFailed(i, j)
+			}
+		}
+	}
+}
+
+// lostBucket deletes the bucket: head, chunks and election key; its
+// sequence restarts.
+func (r *Run) lostBucket() {
+	r.tkv.head, r.tkv.rev, r.tkv.byCoord, r.tkv.lost = nil, 0, false, true
+	clear(r.tkv.chunks)
+	r.elect = electKV{}
+	r.bucketSeq = 0
+	r.watchesFail(-1, -1)
+}
+
+// headWrite performs fault h: a write to the head by something other than
+// a coordinator (refused while NATS or the bucket is down).
+func (r *Run) headWrite(h HeadSpec) error {
+	if r.natsDown() || r.tkv.lost {
+		return nil
+	}
+	var head []byte
+	switch h.Kind {
+	case "garbage":
+		head = []byte("meridian: not a table head")
+	case "replayed":
+		if len(r.tkv.genuine) == 0 {
+			return nil
+		}
+		age := us(h.Age)
+		if age == 0 {
+			age = 10_000_000
+		}
+		i, _ := slices.BinarySearchFunc(r.tkv.genuine, r.now-age+1, func(s storedHead, t int64) int { return cmpInt(s.at, t) })
+		head = r.tkv.genuine[max(0, i-1)].head
+	case "forged":
+		t := &rebalance.Table{Term: r.term + 100, Epoch: 1, Issued: r.coordNow()}
+		if r.tkv.head != nil {
+			if cur, err := r.readHead(r.tkv.head); err == nil {
+				f := *cur
+				f.Term, f.Epoch = cur.Term+100, 1
+				t = &f
+			}
+		}
+		chunks, err := wire.EncodeTable(wireCluster, t, r.forgeKey, wire.DefaultMaxMessage)
+		if err != nil {
+			return fmt.Errorf("sim: forge a head: %w", err)
+		}
+		head = chunks[0]
+	}
+	r.bucketSeq++
+	r.tkv.head, r.tkv.rev, r.tkv.byCoord = slices.Clone(head), r.bucketSeq, false
+	r.writeHead(r.tkv.head, r.tkv.rev, 1)
+	return nil
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// duplicate draws whether a message from region a to b arrives twice
+// (drawn only on links that duplicate, so other runs draw as before).
+func (r *Run) duplicate(a, b int) bool {
+	l := r.linkSpec(a, b)
+	return l.Duplicate > 0 && r.rng.Float64() < l.Duplicate
+}
+
+// jitter is a duplicate's extra delay: up to the link's jitter.
+func (r *Run) jitter(a, b int) int64 {
+	if j := us(r.linkSpec(a, b).Jitter); j > 0 {
+		return r.rng.Int64N(j + 1)
+	}
+	return 0
+}
+
+// scheduleClusterFaults schedules the edges of the scenario's NATS, KV,
+// head, agent and clock faults.
+func (r *Run) scheduleClusterFaults() {
+	f := &r.sc.Faults
+	for i, s := range f.NATSOutage {
+		r.schedule(event{t: us(s.At), kind: evFault, a: faultNATSDown, b: int32(i)})
+		r.schedule(event{t: us(s.At + s.For), kind: evFault, a: faultNATSUp, b: int32(i)})
+	}
+	for i, s := range f.KVLoss {
+		r.schedule(event{t: us(s.At), kind: evFault, a: faultKVLost, b: int32(i)})
+		r.schedule(event{t: us(s.At + s.For), kind: evFault, a: faultKVBack, b: int32(i)})
+	}
+	for i, s := range f.AgentPartition {
+		r.schedule(event{t: us(s.At), kind: evFault, a: faultAgentCut, b: int32(i)})
+		r.schedule(event{t: us(s.At + s.For), kind: evFault, a: faultAgentBack, b: int32(i)})
+	}
+	for i, h := range f.Heads {
+		r.schedule(event{t: us(h.At), kind: evFault, a: faultHeadWrite, b: int32(i)})
+	}
+	for i, c := range f.ClockSteps {
+		r.schedule(event{t: us(c.At), kind: evFault, a: faultClockStep, b: int32(i)})
+	}
+	for ri, rg := range r.regions {
+		for a := range rg.nodes {
+			r.schedule(event{t: resyncEvery, kind: evResync, a: int32(ri), b: int32(a)})
+		}
+	}
+}
+
+// fault runs one edge of a cluster fault.
+func (r *Run) fault(edge, i int) error {
+	f := &r.sc.Faults
+	switch edge {
+	case faultNATSDown:
+		r.watchesFail(-1, -1)
+	case faultKVLost:
+		r.lostBucket()
+	case faultKVBack:
+		if !slices.ContainsFunc(f.KVLoss, func(s FaultSpell) bool { return inSpell(r.now, s.At, s.For) }) {
+			r.tkv.lost = false
+		}
+	case faultAgentCut:
+		s := f.AgentPartition[i]
+		r.watchFailed(r.regionIndex(s.Region), s.Agent-1)
+	case faultHeadWrite:
+		return r.headWrite(f.Heads[i])
+	case faultClockStep:
+		c := f.ClockSteps[i]
+		r.regions[r.regionIndex(c.Region)].skew += us(c.Step)
+	}
+	return nil
+}
+
+// regionIndex is the index of the region named name (a validated
+// scenario names only its regions).
+func (r *Run) regionIndex(name string) int {
+	return slices.IndexFunc(r.regions, func(g *regionState) bool { return g.name == name })
+}
