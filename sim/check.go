@@ -349,7 +349,7 @@ func (c *checker) caps(e *event) *Violation {
 //     and the increases and membership changes between);
 //   - bucket calls ≤ T · (2/Poll + 1/Renew + 1/Resync) + Σ over the faults
 //     that break its watch of (log2(RetryMax/RetryMin) + 2 + For/RetryMax)
-//     + 10: the election's polls (jittered, at most twice as often as
+//   - 10: the election's polls (jittered, at most twice as often as
 //     Poll) or renewals, the head's resyncs, and a failed watch's retries
 //     backing off to RetryMax.
 func resourceBound(r *Run, ri, a int) (bus, kv int64) {
@@ -553,7 +553,7 @@ func CheckRun(sc *Scenario, strategy string, interval time.Duration, seed uint64
 
 // runStats is what a run's checks did.
 type runStats struct {
-	checks int64
+	checks  int64
 	lived   bool // the liveness check ran
 	resumed bool // a CheckResume ran
 }

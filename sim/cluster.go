@@ -39,11 +39,11 @@ import (
 
 // tableStore is the bucket's table head and chunks.
 type tableStore struct {
-	head   []byte
-	rev    uint64 // 0: no head
-	byCoord bool  // the head was written by a coordinator's StoreTable
-	chunks map[[2]uint64][][]byte
-	lost   bool // deleted and not yet recreated
+	head    []byte
+	rev     uint64 // 0: no head
+	byCoord bool   // the head was written by a coordinator's StoreTable
+	chunks  map[[2]uint64][][]byte
+	lost    bool // deleted and not yet recreated
 	// genuine lists the heads coordinators stored, oldest first (the
 	// last maxGenuine), for replay faults.
 	genuine []storedHead
