@@ -57,7 +57,8 @@ type ExploreOptions struct {
 	// Workers runs this many schedules at once (0: 1). The report does
 	// not depend on it.
 	Workers int
-	// MaxShrinkRuns bounds the runs spent shrinking each failure (0: 200).
+	// MaxShrinkRuns bounds the runs spent shrinking each failure (0: 200;
+	// negative: none, the failure is reported as drawn).
 	MaxShrinkRuns int
 	// Kinds lists the fault kinds to draw (FaultKinds; nil: all).
 	Kinds []string
@@ -475,6 +476,7 @@ func shrink(p *plan, v *Violation, opt ExploreOptions) (*Failure, error) {
 	if budget == 0 {
 		budget = 200
 	}
+	budget = max(budget, 0)
 	f := &Failure{Violation: *v, OriginalEvents: len(p.faults)}
 	cur, curV := p, v
 	try := func(c *plan) bool {

@@ -42,6 +42,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	explore := fs.Int("explore", 0, "run N random fault schedules with the safety checks after every event, shrink each failure to a scenario file, exit 1 on any (--scenario sets the base; default the explorer's own)")
 	seed := fs.Uint64("seed", 1, "with --explore: the seed every schedule derives from")
 	kinds := fs.String("kinds", "", "with --explore: comma-separated fault kinds to draw (default all: "+strings.Join(sim.FaultKinds(), ", ")+")")
+	shrink := fs.Int("shrink", 200, "with --explore: runs spent shrinking each failure (0: print failures unshrunk)")
 	check := fs.Bool("check", false, "run the scenario's runs with the explorer's checks (a shrunk failure's replay); exit 1 on a violation")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
@@ -66,9 +67,15 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if set["check"] || set["trace"] || set["bench"] || set["out"] {
-			return usageErr("--explore takes --seed, --scenario, --kinds and --workers only")
+			return usageErr("--explore takes --seed, --scenario, --kinds, --shrink and --workers only")
 		}
-		opt := sim.ExploreOptions{N: *explore, Seed: *seed, Workers: *workers}
+		if *shrink < 0 {
+			return usageErr("--shrink %d: must not be negative", *shrink)
+		}
+		opt := sim.ExploreOptions{N: *explore, Seed: *seed, Workers: *workers, MaxShrinkRuns: *shrink}
+		if *shrink == 0 {
+			opt.MaxShrinkRuns = -1
+		}
 		if set["scenario"] {
 			base, err := loadScenario(*scenario)
 			if err != nil {
@@ -165,7 +172,15 @@ func runExplore(opt sim.ExploreOptions, stdout io.Writer) error {
 	for _, c := range rep.ByCheck() {
 		fmt.Fprintf(stdout, "  %s: %d\n", c.Check, c.N)
 	}
+	// Each check's first failures in full; the rest in a line each (a
+	// long run fails thousands of times on one defect).
+	const full = 5
+	shown := map[string]int{}
 	for _, f := range rep.Failures {
+		if shown[f.Shrunk.Check]++; shown[f.Shrunk.Check] > full {
+			fmt.Fprintf(stdout, "schedule %d: %s at %s (%s), %d events\n", f.Schedule, f.Shrunk.Check, f.Shrunk.At.D(), f.Shrunk.Event, f.Events)
+			continue
+		}
 		fmt.Fprintf(stdout, "\nschedule %d: %s at %s (%s), shrunk from %d to %d events:\n%s",
 			f.Schedule, f.Shrunk.Check, f.Shrunk.At.D(), f.Shrunk.Event, f.OriginalEvents, f.Events, f.YAML)
 	}
