@@ -5,14 +5,21 @@
 // from the reports that name them and idle ones dropped, the policy's
 // budgets, membership before the term starts, the start from the stored
 // table, what to store; around the rebalance core's strategies, leases,
-// acknowledgements and learning mode) and each agent's protocol.Follower
-// (which tables reach it), and the coordinator election each agent runs
+// acknowledgements and learning mode), the table's way to the agents as
+// gossip.Loop and gossip.Transport run it (cluster.go: signed with
+// wire.EncodeTable, compare-and-set on the KV head with the term told the
+// outcome, each agent's watch ordered by protocol.HeadOrder and retried by
+// protocol.WatchTimer, read by a protocol.TableReader, offered to its
+// protocol.Follower), and the coordinator election each agent runs
 // (protocol.Candidate on the KV bucket's election key, so a dead
 // coordinator's successor is elected once its record lapses and starts
-// from the stored table) — and simulates only the links and faults: per region
-// pair one-way latency with jitter and loss, partitions, region loss,
-// coordinator failover, Redis outages (exercising the failure modes) and
-// clock skew. Nothing here decides, shares, leases or rebalances on its
+// from the stored head; a fenced term ends and stands again as gossip's
+// campaign does) — and simulates only the links and faults: per region
+// pair one-way latency with jitter, loss and duplication, partitions,
+// region loss, coordinator failover, Redis outages (exercising the failure
+// modes), NATS outages, loss of the KV bucket, forged, replayed and
+// undecodable heads, one agent's partition from NATS, clock skew and
+// clock steps. Nothing here decides, shares, leases or rebalances on its
 // own — but for the caller's answer to failure_mode error, which the
 // agent leaves to the caller: the scenario's on_error (admit, Envoy's
 // default, or deny) gives it, and Result.Errored counts those requests. A region's skewed clock is its store's clock and its agents' wall
@@ -79,15 +86,19 @@
 // transition world does (a lost region decides nothing, so it counts again
 // from its return; full over-commits by choice and is not checked); and at
 // the end OA_budget = 0 unless the schedule chose open, local, error or
-// full. A failure is shrunk — faults dropped one at a time, the set-up
+// full; lease + 3Δ after the last fault heals, every agent holds a table
+// in force that names it and runs every key within 5 points of what a node
+// holding only that table runs; election TTL + 2Δ after a coordinator
+// crash with nothing else wrong, a new term runs out of learning mode; no
+// head but a coordinator's ever fences a term; and each agent's messages
+// and bucket calls stay within resourceBound, the coordinator's entries
+// within the run's keys and agents. A failure is shrunk — faults dropped one at a time, the set-up
 // simplified, faults halved and moved earlier, the run cut just after the
 // violation — and printed as a scenario file that `meridian sim --scenario
-// FILE --check` replays to the same violation. Not covered yet: the faults
-// that need gossip/memnet's links in the simulator (KV bucket loss and
-// watch drops, NATS outages apart from partitions, forged, replayed or
-// unverifiable table heads, duplicated messages, one agent's partition,
-// membership delays and false suspicions), clock steps, key churn and
-// policy reloads; and the liveness and resource checks.
+// FILE --check` replays to the same violation. Not covered yet:
+// membership's detection delay and false suspicions (membership here is
+// the regions' reachability), a crash of the coordinator's whole agent,
+// key churn beyond on/off demand and policy reloads.
 //
 // Control cost counts what gossip/wire would put on the wire: each report,
 // ack and signed table is sized exactly (ReportSize, AckSize, TableSize,
