@@ -205,7 +205,7 @@ func (r *Run) readBack(ri, a int) {
 	if !r.kvReachable(ri, a) || r.tkv.head == nil {
 		return
 	}
-	d, lost := r.link(r.coordIdx, ri)
+	d, lost := r.linkDraw(r.coordIdx, ri, r.krng)
 	if lost {
 		return
 	}
@@ -358,13 +358,13 @@ func cmpInt(a, b int64) int {
 // (drawn only on links that duplicate, so other runs draw as before).
 func (r *Run) duplicate(a, b int) bool {
 	l := r.linkSpec(a, b)
-	return l.Duplicate > 0 && r.rng.Float64() < l.Duplicate
+	return l.Duplicate > 0 && r.krng.Float64() < l.Duplicate
 }
 
 // jitter is a duplicate's extra delay: up to the link's jitter.
 func (r *Run) jitter(a, b int) int64 {
 	if j := us(r.linkSpec(a, b).Jitter); j > 0 {
-		return r.rng.Int64N(j + 1)
+		return r.krng.Int64N(j + 1)
 	}
 	return 0
 }

@@ -248,6 +248,11 @@ type Run struct {
 	forgeKey   ed25519.PrivateKey
 	verifyKeys []ed25519.PublicKey
 	verified   map[*byte]verdict
+	// krng draws the links of the agents' own head reads (resyncs, watch
+	// re-creations) and of duplicates: a stream of its own, so that runs
+	// without faults draw their workload exactly as before the bucket was
+	// simulated.
+	krng *rand.Rand
 	// forgedDepose lists when a term was fenced by a head no coordinator
 	// wrote (the explorer's check; kept only when checking).
 	forgedDepose []int64
@@ -303,7 +308,7 @@ type decisions struct {
 func NewRun(sc *Scenario, strategy string, interval time.Duration, seed uint64, trace *Trace) (*Run, error) {
 	r := &Run{sc: sc, strategy: strategy, interval: interval.Microseconds(), seed: seed, trace: trace,
 		rng: rand.New(rand.NewPCG(seed, 0x6d6572696469616e)), ctx: context.Background(),
-		erng: rand.New(rand.NewPCG(seed, 0x656c656374696f6e)), leader: -1}
+		erng: rand.New(rand.NewPCG(seed, 0x656c656374696f6e)), krng: rand.New(rand.NewPCG(seed, 0x6275636b6574)), leader: -1}
 	r.end = us(sc.Duration)
 	r.clusterKeys()
 	if trace != nil {
@@ -1279,7 +1284,10 @@ func (r *Run) sample() {
 
 // link returns the one-way delay from region a to b at t, and whether the
 // message is lost.
-func (r *Run) link(a, b int) (int64, bool) {
+func (r *Run) link(a, b int) (int64, bool) { return r.linkDraw(a, b, r.rng) }
+
+// linkDraw is link drawing loss and jitter from rng.
+func (r *Run) linkDraw(a, b int, rng *rand.Rand) (int64, bool) {
 	if a == b {
 		return 0, false
 	}
@@ -1290,12 +1298,12 @@ func (r *Run) link(a, b int) (int64, bool) {
 	if r.regionDown(a, r.now) || r.regionDown(b, r.now) {
 		return 0, true
 	}
-	if l.Loss > 0 && r.rng.Float64() < l.Loss {
+	if l.Loss > 0 && rng.Float64() < l.Loss {
 		return 0, true
 	}
 	d := us(l.Mean)
 	if j := us(l.Jitter); j > 0 {
-		d += r.rng.Int64N(2*j+1) - j
+		d += rng.Int64N(2*j+1) - j
 	}
 	return d, false
 }
