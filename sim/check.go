@@ -181,58 +181,82 @@ func livenessAt(r *Run) int64 {
 // write, a clock step — ends when it happens); 0 without faults.
 func lastHealed(sc *Scenario) Duration {
 	var healed Duration
-	for _, f := range faultSpells(sc, -1) {
+	for _, f := range faultSpells(sc) {
 		healed = max(healed, f.At+f.For)
 	}
 	return healed
 }
 
-// faultSpells lists every fault of sc as a window (instant ones as
-// [At, At]) but coordinator failover skip (-1: none); traffic moves and
-// flash crowds are demand, not faults.
-func faultSpells(sc *Scenario, skip int) []FaultSpell {
-	var out []FaultSpell
+// spellRef is one fault of a scenario as a window (instant ones as
+// [At, At]), with its list and index there.
+type spellRef struct {
+	FaultSpell
+	list string
+	i    int
+}
+
+// faultSpells lists every fault of sc; traffic moves and flash crowds are
+// demand, not faults.
+func faultSpells(sc *Scenario) []spellRef {
+	var out []spellRef
+	add := func(list string, i int, f FaultSpell) { out = append(out, spellRef{f, list, i}) }
 	f := &sc.Faults
-	for _, p := range f.Partitions {
-		out = append(out, p.FaultSpell)
+	for i, p := range f.Partitions {
+		add("partitions", i, p.FaultSpell)
 	}
-	for _, s := range slices.Concat(f.RegionLoss, f.RedisOutage) {
-		out = append(out, s.FaultSpell)
+	for i, s := range f.RegionLoss {
+		add("region_loss", i, s.FaultSpell)
+	}
+	for i, s := range f.RedisOutage {
+		add("redis_outage", i, s.FaultSpell)
 	}
 	for i, s := range sc.Coordinator.Failovers {
-		if i != skip {
-			out = append(out, s)
-		}
+		add("failovers", i, s)
 	}
-	out = append(out, f.NATSOutage...)
-	out = append(out, f.KVLoss...)
-	for _, s := range f.AgentPartition {
-		out = append(out, s.FaultSpell)
+	for i, s := range f.NATSOutage {
+		add("nats_outage", i, s)
 	}
-	for _, h := range f.Heads {
-		out = append(out, FaultSpell{At: h.At})
+	for i, s := range f.KVLoss {
+		add("kv_loss", i, s)
 	}
-	for _, c := range f.ClockSteps {
-		out = append(out, FaultSpell{At: c.At})
+	for i, s := range f.AgentPartition {
+		add("agent_partition", i, s.FaultSpell)
+	}
+	for i, s := range f.Suspicions {
+		add("suspicions", i, s.FaultSpell)
+	}
+	for i, s := range f.AgentCrash {
+		add("agent_crash", i, s.FaultSpell)
+	}
+	for i, h := range f.Heads {
+		add("heads", i, FaultSpell{At: h.At})
+	}
+	for i, c := range f.ClockSteps {
+		add("clock_steps", i, FaultSpell{At: c.At})
 	}
 	return out
 }
 
 // resumeAt lists CheckResume's instants: TTL + 2Δ after each coordinator
-// crash that no other fault overlaps from a lease before it to then, on
-// lossless links, inside the run.
+// crash (a failover, or an agent_crash of the coordinator's agent) that
+// no other fault overlaps from a lease before it to then, on lossless
+// links, inside the run.
 func resumeAt(r *Run) []resumeCheck {
 	sc := r.sc
 	if sc.Latency.Loss > 0 || slices.ContainsFunc(sc.Links, func(l LinkSpec) bool { return l.Loss > 0 }) {
 		return nil
 	}
 	var out []resumeCheck
-	for i, f := range sc.Coordinator.Failovers {
+	all := faultSpells(sc)
+	for _, f := range all {
+		if f.list != "failovers" && (f.list != "agent_crash" || !sc.Faults.AgentCrash[f.i].Coordinator) {
+			continue
+		}
 		at := us(f.At) + ElectionTTL.Microseconds() + 2*r.interval
 		from := us(f.At) - r.rcfg.Lease.Microseconds()
 		quiet := at < r.end
-		for _, o := range faultSpells(sc, i) {
-			if us(o.At) <= at && us(o.At+o.For) >= from {
+		for _, o := range all {
+			if (o.list != f.list || o.i != f.i) && us(o.At) <= at && us(o.At+o.For) >= from {
 				quiet = false
 			}
 		}
@@ -240,6 +264,7 @@ func resumeAt(r *Run) []resumeCheck {
 			out = append(out, resumeCheck{at: at, crash: us(f.At)})
 		}
 	}
+	slices.SortFunc(out, func(a, b resumeCheck) int { return cmpInt(a.at, b.at) })
 	return out
 }
 
@@ -253,7 +278,7 @@ func (c *checker) liveness(e *event) *Violation {
 		}
 		for a, n := range rg.nodes {
 			st := n.Table()
-			if st.HasTable && !st.Lapsed && st.Named {
+			if rg.dead[a] || (st.HasTable && !st.Lapsed && st.Named) {
 				continue
 			}
 			return &Violation{Check: CheckLiveness, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind),
@@ -278,7 +303,7 @@ func (c *checker) converge(e *event) *Violation {
 		}
 		for a, n := range rg.nodes {
 			w := &rg.watch[a]
-			if st := n.Table(); !st.HasTable || st.Lapsed || !st.Named || w.applied == nil {
+			if st := n.Table(); rg.dead[a] || !st.HasTable || st.Lapsed || !st.Named || w.applied == nil {
 				continue // CheckLiveness's
 			}
 			local := rg.nodeNow(a, r.now)
@@ -425,11 +450,10 @@ func (c *checker) after(r *Run, e *event) error {
 	case evAgentTick:
 		c.column(int(e.a), int(e.b))
 	case evFault:
-		if e.a == faultClockStep {
-			for ri, rg := range r.regions {
-				for a := range rg.nodes {
-					c.column(ri, a)
-				}
+		// A clock step, or an agent's crash or restart (a new node).
+		for ri, rg := range r.regions {
+			for a := range rg.nodes {
+				c.column(ri, a)
 			}
 		}
 	}
@@ -482,6 +506,9 @@ func (c *checker) after(r *Run, e *event) error {
 			}
 			var p, b int64
 			for a := range rg.nodes {
+				if rg.dead[a] {
+					continue // decides nothing until it restarts
+				}
 				p = max(p, c.ppm[rg.first+a][k])
 				b = max(b, c.burst[rg.first+a][k])
 			}

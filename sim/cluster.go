@@ -11,6 +11,7 @@ import (
 	"github.com/meridian-quota/meridian/gossip/protocol"
 	"github.com/meridian-quota/meridian/gossip/wire"
 	"github.com/meridian-quota/meridian/rebalance"
+	"github.com/meridian-quota/meridian/region"
 )
 
 // The simulator's KV bucket and NATS, as gossip.Loop and gossip.Transport
@@ -106,7 +107,7 @@ func (r *Run) kvLost() bool { return r.tkv.lost }
 // agentCut reports whether agent a of region ri cannot reach NATS now:
 // an outage, its own partition, or its region's loss.
 func (r *Run) agentCut(ri, a int) bool {
-	if r.natsDown() || r.regionDown(ri, r.now) {
+	if r.natsDown() || r.regionDown(ri, r.now) || r.regions[ri].dead[a] {
 		return true
 	}
 	name := r.regions[ri].name
@@ -257,8 +258,8 @@ func (r *Run) watchFailed(ri, a int) {
 // back, or failed again with the timer's backoff.
 func (r *Run) watchRetry(ri, a int) {
 	w := &r.regions[ri].watch[a]
-	if !w.down {
-		return
+	if !w.down || r.regions[ri].dead[a] {
+		return // up, or its process is gone (the restart re-creates it)
 	}
 	if !r.kvReachable(ri, a) {
 		r.dec.HeadReads++
@@ -391,6 +392,12 @@ func (r *Run) scheduleClusterFaults() {
 	for i, c := range f.ClockSteps {
 		r.schedule(event{t: us(c.At), kind: evFault, a: faultClockStep, b: int32(i)})
 	}
+	r.crashed = make([][2]int, len(f.AgentCrash))
+	for i, c := range f.AgentCrash {
+		r.crashed[i] = [2]int{-1, -1}
+		r.schedule(event{t: us(c.At), kind: evFault, a: faultAgentCrash, b: int32(i)})
+		r.schedule(event{t: us(c.At + c.For), kind: evFault, a: faultAgentRestart, b: int32(i)})
+	}
 	for ri, rg := range r.regions {
 		for a := range rg.nodes {
 			r.schedule(event{t: resyncEvery, kind: evResync, a: int32(ri), b: int32(a)})
@@ -418,8 +425,88 @@ func (r *Run) fault(edge, i int) error {
 	case faultClockStep:
 		c := f.ClockSteps[i]
 		r.regions[r.regionIndex(c.Region)].skew += us(c.Step)
+	case faultAgentCrash:
+		c := f.AgentCrash[i]
+		ri, a := r.regionIndex(c.Region), c.Agent-1
+		if c.Coordinator {
+			if r.leader < 0 {
+				return nil // nobody coordinates: nothing to crash
+			}
+			ri, a = r.cands[r.leader].ri, r.cands[r.leader].a
+		}
+		if r.regions[ri].dead[a] {
+			return nil // already down by another crash
+		}
+		r.crashed[i] = [2]int{ri, a}
+		r.crashAgent(ri, a)
+	case faultAgentRestart:
+		if ri, a := r.crashed[i][0], r.crashed[i][1]; ri >= 0 {
+			return r.restartAgent(ri, a)
+		}
 	}
 	return nil
+}
+
+// crashAgent kills agent a of region ri's process: its candidate (and
+// term, if it coordinates), its node's loop and decisions, its watch.
+func (r *Run) crashAgent(ri, a int) {
+	rg := r.regions[ri]
+	rg.dead[a] = true
+	if ci := r.candidateOf(ri, a); ci >= 0 {
+		r.crash(ci)
+	}
+	rg.watch[a].down = true // re-created by the restart, not retried
+}
+
+// restartAgent starts agent a of region ri's process afresh: a new node
+// (no table, a new clock), a new Follower, ack state and watch, created
+// at once, and a candidate again (unless its region is down: it comes
+// back with the region).
+func (r *Run) restartAgent(ri, a int) error {
+	rg := r.regions[ri]
+	n, err := region.NewNode(rg.ncfg[a], r.policy, &rg.fail)
+	if err != nil {
+		return fmt.Errorf("sim: restart %s: %w", agentName(rg.name, a), err)
+	}
+	rg.nodes[a], rg.clocks[a], rg.acked[a] = n, region.Clock{}, [2]uint64{}
+	rg.follow[a], rg.watch[a] = protocol.Follower{}, agentWatch{down: true}
+	rg.dead[a] = false
+	for k := range r.keys {
+		if p := r.keys[k].prep; p != nil {
+			p[rg.first+a] = nil // prepared on the old node
+		}
+	}
+	r.schedule(event{t: r.now, kind: evWatchRetry, a: int32(ri), b: int32(a)})
+	if ci := r.candidateOf(ri, a); ci >= 0 && r.cands[ci].dead && !r.regionDown(ri, r.now) {
+		return r.restart(ci)
+	}
+	return nil
+}
+
+// candidateOf is the index in cands of agent a of region ri (-1: none,
+// the baselines).
+func (r *Run) candidateOf(ri, a int) int {
+	return slices.IndexFunc(r.cands, func(c candidate) bool { return c.ri == ri && c.a == a })
+}
+
+// suspected reports whether the coordinator's membership falsely omits
+// agent a of region ri now.
+func (r *Run) suspected(ri, a int) bool {
+	name := r.regions[ri].name
+	return slices.ContainsFunc(r.sc.Faults.Suspicions, func(f AgentSpell) bool {
+		return f.Region == name && f.Agent == a+1 && inSpell(r.now, f.At, f.For)
+	})
+}
+
+// crashedAt reports whether agent a of region ri's process was down at t
+// (by an agent_crash already resolved: one at or before now).
+func (r *Run) crashedAt(ri, a int, t int64) bool {
+	for i, c := range r.sc.Faults.AgentCrash {
+		if i < len(r.crashed) && r.crashed[i] == [2]int{ri, a} && inSpell(t, c.At, c.For) {
+			return true
+		}
+	}
+	return false
 }
 
 // regionIndex is the index of the region named name (a validated

@@ -58,6 +58,8 @@ const (
 	faultAgentBack
 	faultHeadWrite
 	faultClockStep
+	faultAgentCrash
+	faultAgentRestart
 )
 
 // event is one thing that happens at t.
@@ -160,10 +162,27 @@ type regionState struct {
 	ncfg   []region.Config     // per agent: its node's configuration
 	busOut []int64             // per agent: messages it published (reports' chunks, acks)
 	kvOps  []int64             // per agent: its calls to the bucket (election, head reads)
+	dead   []bool              // per agent: its process crashed (agent_crash) and is not back
 	rr     int
 	weight float64
 	first  int // index of this region's first agent among all agents
 }
+
+// pick is the agent the region's next request goes to: round robin over
+// the agents whose process runs (allDead says whether there is one).
+func (rg *regionState) pick() int {
+	for range len(rg.nodes) {
+		a := rg.rr % len(rg.nodes)
+		rg.rr++
+		if !rg.dead[a] {
+			return a
+		}
+	}
+	return 0
+}
+
+// allDead reports whether every agent of the region has crashed.
+func (rg *regionState) allDead() bool { return !slices.Contains(rg.dead, false) }
 
 // nodeNow is agent a's time at t: its host's wall clock (the region's
 // skewed clock, which its store reads too) through its region.Clock, as
@@ -259,6 +278,9 @@ type Run struct {
 	// reportChunks is the most chunks one report took (the resource
 	// bound's report size).
 	reportChunks int
+	// crashed is, per agent_crash, the agent it crashed (region, agent;
+	// -1 until it happens, or when it crashed nobody).
+	crashed [][2]int
 
 	// The coordinator election, as gossip.Election.Campaign runs it: every
 	// agent a protocol.Candidate on the bucket's election key.
@@ -515,6 +537,7 @@ func (r *Run) buildRegions() error {
 			st.watch = append(st.watch, agentWatch{})
 			st.busOut = append(st.busOut, 0)
 			st.kvOps = append(st.kvOps, 0)
+			st.dead = append(st.dead, false)
 		}
 		r.regions = append(r.regions, st)
 		if rg.Name == r.sc.Coordinator.Region {
@@ -590,17 +613,22 @@ func (r *Run) startCoordinator(ci int, term uint64, now int64) error {
 }
 
 // live lists the agents the coordinator can see, sorted as
-// protocol.Membership.Live lists them: those of the regions that are up
-// and not partitioned from it, as memberlist would after its failure
-// detection (modelled as instant). Never nil: the sim always has
-// membership.
+// protocol.Membership.Live lists them: those of the regions that were up
+// and not partitioned from it, and whose process ran, the scenario's
+// failure-detection delay ago (membership.detect: memberlist notices a
+// change that long after it), less the agents it falsely suspects now.
+// Never nil: the sim always has membership.
 func (r *Run) live() []rebalance.Member {
 	members := []rebalance.Member{}
+	t := r.now - us(r.sc.Membership.Detect)
 	for ri, rg := range r.regions {
-		if r.regionDown(ri, r.now) || r.partitioned(ri, r.coordIdx) {
+		if r.regionDown(ri, t) || r.partitionedAt(ri, r.coordIdx, t) {
 			continue
 		}
 		for a := range rg.nodes {
+			if r.suspected(ri, a) || r.crashedAt(ri, a, t) {
+				continue
+			}
 			members = append(members, rebalance.Member{Region: rg.name, Agent: agentName(rg.name, a)})
 		}
 	}
@@ -631,9 +659,12 @@ func (r *Run) termEvents() error {
 }
 
 // partitioned reports whether a partition separates regions a and b now.
-func (r *Run) partitioned(a, b int) bool {
+func (r *Run) partitioned(a, b int) bool { return r.partitionedAt(a, b, r.now) }
+
+// partitionedAt reports whether a partition separates regions a and b at t.
+func (r *Run) partitionedAt(a, b int, t int64) bool {
 	for _, p := range r.sc.Faults.Partitions {
-		if inSpell(r.now, p.At, p.For) && slices.Contains(p.Side, r.regions[a].name) != slices.Contains(p.Side, r.regions[b].name) {
+		if inSpell(t, p.At, p.For) && slices.Contains(p.Side, r.regions[a].name) != slices.Contains(p.Side, r.regions[b].name) {
 			return true
 		}
 	}
@@ -1048,7 +1079,7 @@ func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 		r.onArrival(Arrival{T: r.now, Key: i, Region: ri, Cost: cost})
 	}
 	rg := r.regions[ri]
-	if r.regionDown(ri, r.now) {
+	if r.regionDown(ri, r.now) || rg.allDead() {
 		r.dec.Dropped++
 		return
 	}
@@ -1087,8 +1118,7 @@ func (r *Run) arrive(i, ri int, cost int64, attempt int) {
 	default:
 		rg.clock = r.now + rg.skew
 		rg.fail.down = r.redisDown(ri, r.now)
-		a := rg.rr % len(rg.nodes)
-		rg.rr++
+		a := rg.pick()
 		n := rg.nodes[a]
 		if k.prep == nil {
 			k.prep = make([]*region.Prepared, r.agents)
@@ -1135,9 +1165,8 @@ func (r *Run) reserve(i, ri int, cost int64, attempt int) {
 	}
 	rg.clock = r.now + rg.skew
 	rg.fail.down = r.redisDown(ri, r.now)
-	a := rg.rr % len(rg.nodes)
+	a := rg.pick()
 	n := rg.nodes[a]
-	rg.rr++
 	k.req.Cost = cost
 	if err := n.Reserve(r.ctx, rg.nodeNow(a, r.now), &k.req, maxWait, &r.rd); err != nil {
 		panic(fmt.Sprintf("sim: reserve %s: %v", k.name, err)) // one limit per key: a bug
@@ -1322,7 +1351,7 @@ func (r *Run) linkSpec(a, b int) LinkSpec {
 // agentTick runs one agent's loop: report, acknowledge the table in force.
 func (r *Run) agentTick(ri, a int) {
 	rg := r.regions[ri]
-	if r.regionDown(ri, r.now) {
+	if r.regionDown(ri, r.now) || rg.dead[a] {
 		return
 	}
 	n := rg.nodes[a]

@@ -154,7 +154,7 @@ func ExploreBase() *Scenario {
 // a traffic move and a flash crowd.
 func FaultKinds() []string {
 	return []string{"partition", "region-loss", "redis-outage", "failover", "move", "flash",
-		"nats-outage", "kv-loss", "head", "agent-partition", "clock-step"}
+		"nats-outage", "kv-loss", "head", "agent-partition", "clock-step", "agent-crash", "suspicion"}
 }
 
 // fault is one event of a schedule: a window [At, At+For) of a kind.
@@ -165,7 +165,7 @@ type fault struct {
 	To      string // move: the region traffic moves to
 	Keys    int    // flash: how many of the most popular keys
 	Factor  float64
-	Agent   int           // agent-partition: which agent of Region (from 1)
+	Agent   int           // agent-partition, agent-crash, suspicion: which agent of Region (from 1; agent-crash 0: the coordinator's)
 	Head    string        // head: the HeadSpec kind
 	Step    time.Duration // clock-step: by how much
 }
@@ -233,6 +233,10 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 	if rng.IntN(4) == 0 {
 		sc.Latency.Duplicate = 0.05 + 0.2*rng.Float64()
 	}
+	sc.Membership.Detect = 0
+	if rng.IntN(2) == 0 {
+		sc.Membership.Detect = Duration(time.Duration(5+rng.IntN(26)) * 100 * time.Millisecond)
+	}
 	sc.Workload.Retry = nil
 	switch rng.IntN(4) {
 	case 0:
@@ -253,7 +257,7 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 		f.For = min(time.Second+time.Duration(rng.Int64N(int64(4*sc.Lease.D()+1))), run-f.At-time.Second)
 		f.At, f.For = f.At.Round(100*time.Millisecond), f.For.Round(100*time.Millisecond)
 		f.Region = names[rng.IntN(len(names))]
-		switch rng.IntN(12) {
+		switch rng.IntN(14) {
 		case 0, 1:
 			f.Kind = "partition"
 		case 2:
@@ -303,6 +307,15 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 			if f.Step == 0 {
 				continue
 			}
+		case 12:
+			f.Kind = "agent-crash" // half the time, whoever coordinates
+			if rng.IntN(2) == 0 {
+				f.Region = ""
+			} else {
+				f.Agent = 1 + rng.IntN(sc.Regions[slices.Index(names, f.Region)].Agents)
+			}
+		case 13:
+			f.Kind, f.Agent = "suspicion", 1+rng.IntN(sc.Regions[slices.Index(names, f.Region)].Agents)
 		}
 		if kinds != nil && !slices.Contains(kinds, f.Kind) {
 			continue
@@ -335,6 +348,8 @@ func cloneScenario(sc *Scenario) *Scenario {
 	c.Faults.Heads = slices.Clone(sc.Faults.Heads)
 	c.Faults.AgentPartition = slices.Clone(sc.Faults.AgentPartition)
 	c.Faults.ClockSteps = slices.Clone(sc.Faults.ClockSteps)
+	c.Faults.Suspicions = slices.Clone(sc.Faults.Suspicions)
+	c.Faults.AgentCrash = slices.Clone(sc.Faults.AgentCrash)
 	return &c
 }
 
@@ -366,6 +381,10 @@ func (p *plan) scenario() *Scenario {
 			sc.Faults.AgentPartition = append(sc.Faults.AgentPartition, AgentSpell{FaultSpell: sp, Region: f.Region, Agent: f.Agent})
 		case "clock-step":
 			sc.Faults.ClockSteps = append(sc.Faults.ClockSteps, ClockStep{At: sp.At, Region: f.Region, Step: Duration(f.Step)})
+		case "agent-crash":
+			sc.Faults.AgentCrash = append(sc.Faults.AgentCrash, CrashSpec{FaultSpell: sp, Region: f.Region, Agent: f.Agent, Coordinator: f.Region == ""})
+		case "suspicion":
+			sc.Faults.Suspicions = append(sc.Faults.Suspicions, AgentSpell{FaultSpell: sp, Region: f.Region, Agent: f.Agent})
 		}
 	}
 	return sc
@@ -536,6 +555,21 @@ func shrink(p *plan, v *Violation, opt ExploreOptions) (*Failure, error) {
 					ch = ch || c.sc.Regions[j].Agents != 1
 					c.sc.Regions[j].Agents = 1
 				}
+				for j := range c.faults { // faults of the agents dropped go to the first
+					if c.faults[j].Agent > 1 {
+						c.faults[j].Agent = 1
+					}
+				}
+				return ch
+			},
+			func(c *plan) bool { // instant failure detection
+				ch := c.sc.Membership.Detect != 0
+				c.sc.Membership.Detect = 0
+				return ch
+			},
+			func(c *plan) bool { // no duplicates
+				ch := c.sc.Latency.Duplicate != 0
+				c.sc.Latency.Duplicate = 0
 				return ch
 			},
 		} {

@@ -49,6 +49,8 @@ type Scenario struct {
 	Keys     KeysSpec     `yaml:"keys"`
 	Workload WorkloadSpec `yaml:"workload"`
 	Faults   FaultsSpec   `yaml:"faults"`
+	// Membership times the coordinator's view of which agents are live.
+	Membership MembershipSpec `yaml:"membership,omitempty"`
 
 	// Strategies lists the Meridian strategies and baselines to compare
 	// (rebalance.StrategyNames plus "replicated-counter").
@@ -223,6 +225,15 @@ type FaultsSpec struct {
 	// AgentPartition cuts one agent from NATS (its region's other agents,
 	// its store and its membership stay up).
 	AgentPartition []AgentSpell `yaml:"agent_partition,omitempty"`
+	// Suspicions make the coordinator's membership omit one agent while
+	// they last, though it runs and reaches everything (a false
+	// suspicion of memberlist's failure detector).
+	Suspicions []AgentSpell `yaml:"suspicions,omitempty"`
+	// AgentCrash kills one agent's process (Coordinator: whichever agent
+	// coordinates at At, if any) and restarts it afresh after For: a new
+	// node with no table, a new watch, a candidate again. Its clients'
+	// requests go to its region's other agents, or nowhere.
+	AgentCrash []CrashSpec `yaml:"agent_crash,omitempty"`
 	// ClockSteps step a region's clock (its hosts' and its store's) by
 	// Step at At, for the rest of the run.
 	ClockSteps []ClockStep `yaml:"clock_steps,omitempty"`
@@ -248,6 +259,23 @@ type AgentSpell struct {
 	FaultSpell `yaml:",inline"`
 	Region     string `yaml:"region"`
 	Agent      int    `yaml:"agent"`
+}
+
+// CrashSpec is an agent's crash: Region's agent Agent (from 1), or with
+// Coordinator set, the agent coordinating at At.
+type CrashSpec struct {
+	FaultSpell  `yaml:",inline"`
+	Region      string `yaml:"region,omitempty"`
+	Agent       int    `yaml:"agent,omitempty"`
+	Coordinator bool   `yaml:"coordinator,omitempty"`
+}
+
+// MembershipSpec times the simulated failure detection.
+type MembershipSpec struct {
+	// Detect is how long after a region's loss, a partition from the
+	// coordinator or an agent's crash (and after its end) the
+	// coordinator's membership reflects it (default 0: at once).
+	Detect Duration `yaml:"detect,omitempty"`
 }
 
 // ClockStep steps Region's clock by Step (either sign) at At.
@@ -566,6 +594,30 @@ func (s *Scenario) Validate() error {
 		if j := slices.IndexFunc(s.Regions, func(r RegionSpec) bool { return r.Name == a.Region }); j >= 0 && (a.Agent < 1 || a.Agent > max(1, s.Regions[j].Agents)) {
 			bad(p+".agent", "%d: region %s has agents 1..%d", a.Agent, a.Region, max(1, s.Regions[j].Agents))
 		}
+	}
+	agentOf := func(p, name string, agent int) {
+		region(p+".region", name)
+		if j := slices.IndexFunc(s.Regions, func(r RegionSpec) bool { return r.Name == name }); j >= 0 && (agent < 1 || agent > max(1, s.Regions[j].Agents)) {
+			bad(p+".agent", "%d: region %s has agents 1..%d", agent, name, max(1, s.Regions[j].Agents))
+		}
+	}
+	for i, a := range s.Faults.Suspicions {
+		p := fmt.Sprintf("faults.suspicions[%d]", i)
+		agentOf(p, a.Region, a.Agent)
+		s.checkSpell(&errs, p, a.FaultSpell)
+	}
+	for i, c := range s.Faults.AgentCrash {
+		p := fmt.Sprintf("faults.agent_crash[%d]", i)
+		s.checkSpell(&errs, p, c.FaultSpell)
+		switch {
+		case c.Coordinator && (c.Region != "" || c.Agent != 0):
+			bad(p, "coordinator: true names no region or agent (it crashes whichever agent coordinates at %s)", c.At.D())
+		case !c.Coordinator:
+			agentOf(p, c.Region, c.Agent)
+		}
+	}
+	if d := s.Membership.Detect; d < 0 || d.D() > time.Minute {
+		bad("membership.detect", "%s: must be in [0, 1m]", d.D())
 	}
 	for i, c := range s.Faults.ClockSteps {
 		p := fmt.Sprintf("faults.clock_steps[%d]", i)
