@@ -207,11 +207,7 @@ func convert(tat int64, p, a Limit, ta int64) int64 {
 	}
 	full := a.burst * a.t
 	if !p.usable() {
-		// p held nothing: empty at the change — or at tat if that is
-		// later (state older than p keeps the slots it booked and the
-		// requests it admitted: another agent of the region may have
-		// written it after p took effect for this one).
-		return max(ta+full, tat)
+		return ta + full // p held nothing
 	}
 	d := max(tat-ta, 0)
 	credit := p.burst*p.t - d // µs of credit under p; negative is debt

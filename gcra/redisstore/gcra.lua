@@ -103,7 +103,7 @@ end
 local function convert(tat, pT, pB, aT, aB, ta)
   if aT == 0 then return tat end
   local full = aB * aT
-  if pT == 0 then return math.max(ta + full, tat) end
+  if pT == 0 then return ta + full end
   local d = tat - ta
   if d < 0 then d = 0 end
   local credit = pB * pT - d
