@@ -30,15 +30,32 @@ var knownFailures = []struct {
 	fault    string // the fault kind the shrunk schedule keeps
 	schedule int    // a schedule of seed 1 that finds it
 }{
-	{"issue 17 defect 2: a region whose lease lapsed keeps a key at the safe share once its tables come back — rows with an unchanged version are not restored (a partition longer than the lease under static)",
-		CheckConverge, "partition", 298},
-	{"issue 17 defect 3: after the bucket is lost the election restarts at term 1 and the new term's tables are older than the agents' (the Followers refuse them; leases lapse)",
-		CheckLiveness, "kv-loss", 3},
+	{"issue 17 defect 2: after a NATS outage longer than the lease, a key stays at the safe share while the table in force gives it a share (rows whose version did not change are not restored)",
+		CheckConverge, "nats-outage", 38},
+	{"issue 17 defect 3: after the bucket is lost the election restarts at term 1 and the new term's tables are older than the agents' (their Followers refuse them; leases lapse)",
+		CheckLiveness, "kv-loss", 8},
 	{"issue 17 defect 3: a term that starts from no stored head restarts row versions, and agents keep those keys at the safe share",
-		CheckConverge, "kv-loss", 199},
-	{"issue 17 defect 4: a forged head fences the coordinator", CheckForgedDepose, "head", 11},
-	{"issue 17 defect 4: an undecodable head fences the coordinator", CheckForgedDepose, "head", 2},
-	{"issue 17 defect 4: a replayed head fences the coordinator", CheckForgedDepose, "head", 28},
+		CheckConverge, "kv-loss", 96},
+	{"issue 17 defect 4: a forged head fences the coordinator", CheckForgedDepose, "head", 7},
+	{"issue 17 defect 4: a replayed head fences the coordinator", CheckForgedDepose, "head", 4},
+	{"issue 17 defect 4: an undecodable head fences the coordinator", CheckForgedDepose, "head", 32},
+	{"issue 17 defect 5: a new coordinator stays in learning mode past election TTL + 2Δ after its predecessor's agent crashed (it waits for the dead agent's acknowledgement)",
+		CheckResume, "agent-crash", 5},
+	// A safety defect the explorer found (not in issue 17's list; fix it
+	// first): agents of one region on one store whose epoch slots for a
+	// key diverge — one whose lease lapsed (slot 4v+5) or restarted cold
+	// and came back (4v+6), beside siblings still in slot 4v+4 — read the
+	// siblings' state as "older than the previous change" and convert it
+	// through their own previous limit (the reduced or zero one), which
+	// turns the siblings' recent admissions and bookings into credit:
+	// OA_budget 0.14–1.1 % with failure_mode closed. gcra's conversion
+	// cannot simply keep the stored TAT (that breaks the exactness
+	// property and the mixed-fleet upgrade test); the slots themselves,
+	// or what a reduced agent writes, need a region-wide rule.
+	{"safety: a lapsed agent's epoch slot diverges from its siblings' on the same store (agent partitioned from NATS beyond its lease)",
+		CheckOABudget, "agent-partition", 256},
+	{"safety: a restarted agent's epoch slot diverges from its siblings' on the same store (the coordinator's agent crashed)",
+		CheckOABudget, "agent-crash", 27},
 }
 
 // known reports whether failure f is a known one: its check, and a fault
@@ -62,6 +79,12 @@ func hasFault(sc *Scenario, kind string) bool {
 		return len(f.KVLoss) > 0
 	case "head":
 		return len(f.Heads) > 0
+	case "nats-outage":
+		return len(f.NATSOutage) > 0
+	case "agent-partition":
+		return len(f.AgentPartition) > 0
+	case "agent-crash":
+		return len(f.AgentCrash) > 0
 	}
 	return false
 }
