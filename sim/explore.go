@@ -16,8 +16,8 @@ import (
 
 // The explorer, in the style of FoundationDB's simulation and
 // TigerBeetle's VOPR: N random fault schedules from one seed, each run
-// through the simulator with the safety checks of check.go after every
-// event (and OA_budget at the end), each failure shrunk to a minimal
+// through the simulator with the checks of check.go after every event
+// (and OA_budget and resources at the end), each failure shrunk to a minimal
 // schedule printed as a scenario that `meridian sim --scenario FILE
 // --check` replays exactly.
 //
@@ -26,9 +26,11 @@ import (
 // acks and tables cut), Redis outages, coordinator failovers (a new term
 // from the stored head), region loss and return, NATS outages shorter and
 // longer than the lease, loss of the KV bucket, forged, replayed and
-// undecodable table heads, partitions of one agent from NATS, clock
-// steps, traffic moves and flash crowds; per schedule, the strategy
-// (full, the over-committing baseline, now and then), the interval, 1–3
+// undecodable table heads, partitions of one agent from NATS, crashes of
+// an agent (the coordinator's, or any), false suspicions, clock steps,
+// traffic moves and flash crowds; per schedule, the strategy (full, the
+// over-committing baseline, now and then), the interval, membership's
+// detection delay (0 or 0.5–3 s), 1–3
 // agents per region, static clock skew within the coordinator's MaxSkew,
 // link jitter (reordering), loss and duplication, deciding, retrying or
 // reserving clients (a mix with deciding ones), and failure_mode closed
@@ -38,11 +40,7 @@ import (
 // resources (messages and bucket calls per agent, the coordinator's
 // entries).
 //
-// Not drawn yet: membership's detection delay and false suspicions (the
-// simulator's membership is its regions' reachability, instant), a
-// crash of the coordinator's whole agent (a failover ends its candidate,
-// its node keeps deciding), key churn beyond on/off demand, and policy
-// reloads.
+// Not drawn yet: key churn beyond on/off demand, and policy reloads.
 
 // ExploreOptions configures Explore.
 type ExploreOptions struct {
