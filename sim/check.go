@@ -234,6 +234,9 @@ func faultSpells(sc *Scenario) []spellRef {
 	for i, c := range f.ClockSteps {
 		add("clock_steps", i, FaultSpell{At: c.At})
 	}
+	for i, c := range f.KeyChurn {
+		add("key_churn", i, c.FaultSpell)
+	}
 	return out
 }
 

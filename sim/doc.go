@@ -20,7 +20,7 @@
 // modes), NATS outages, loss of the KV bucket, forged, replayed and
 // undecodable heads, one agent's partition from NATS, an agent's crash
 // (the coordinator's, or any), membership's detection delay and false
-// suspicions, clock skew and clock steps. Nothing here decides, shares, leases or rebalances on its
+// suspicions, key churn, clock skew and clock steps. Nothing here decides, shares, leases or rebalances on its
 // own — but for the caller's answer to failure_mode error, which the
 // agent leaves to the caller: the scenario's on_error (admit, Envoy's
 // default, or deny) gives it, and Result.Errored counts those requests. A region's skewed clock is its store's clock and its agents' wall
@@ -96,8 +96,8 @@
 // within the run's keys and agents. A failure is shrunk — faults dropped one at a time, the set-up
 // simplified, faults halved and moved earlier, the run cut just after the
 // violation — and printed as a scenario file that `meridian sim --scenario
-// FILE --check` replays to the same violation. Not covered yet: key churn
-// beyond on/off demand, and policy reloads.
+// FILE --check` replays to the same violation. Not covered yet: policy
+// reloads.
 //
 // Control cost counts what gossip/wire would put on the wire: each report,
 // ack and signed table is sized exactly (ReportSize, AckSize, TableSize,

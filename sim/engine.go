@@ -864,7 +864,7 @@ func (r *Run) handle(e *event) error {
 		i := int(e.a)
 		r.nextArrival(i, e.t)
 		k := &r.keys[i]
-		if !k.on {
+		if !k.on || r.churnedOut(i) {
 			return nil
 		}
 		// Thinning: accept with Σ mix·mult / lmax, and pick the region.
@@ -1014,6 +1014,22 @@ func (r *Run) handle(e *event) error {
 		return r.step(int(e.a), uint32(e.b))
 	}
 	return nil
+}
+
+// churnedOut reports whether key i has no demand now by the scenario's
+// key churn: the keys a churn window names (the least popular) are offered
+// traffic only inside it — new keys at its start, idle from its end.
+func (r *Run) churnedOut(i int) bool {
+	out := false
+	for _, c := range r.sc.Faults.KeyChurn {
+		if i >= len(r.keys)-c.Keys {
+			if inSpell(r.now, c.At, c.For) {
+				return false
+			}
+			out = true
+		}
+	}
+	return out
 }
 
 // coordNow is the coordinator's clock: its region's, never below the

@@ -28,6 +28,7 @@ import (
 // longer than the lease, loss of the KV bucket, forged, replayed and
 // undecodable table heads, partitions of one agent from NATS, crashes of
 // an agent (the coordinator's, or any), false suspicions, clock steps,
+// key churn (new keys, and keys going idle),
 // traffic moves and flash crowds; per schedule, the strategy (full, the
 // over-committing baseline, now and then), the interval, membership's
 // detection delay (0 or 0.5–3 s), 1–3
@@ -40,7 +41,7 @@ import (
 // resources (messages and bucket calls per agent, the coordinator's
 // entries).
 //
-// Not drawn yet: key churn beyond on/off demand, and policy reloads.
+// Not drawn yet: policy reloads.
 
 // ExploreOptions configures Explore.
 type ExploreOptions struct {
@@ -152,7 +153,7 @@ func ExploreBase() *Scenario {
 // a traffic move and a flash crowd.
 func FaultKinds() []string {
 	return []string{"partition", "region-loss", "redis-outage", "failover", "move", "flash",
-		"nats-outage", "kv-loss", "head", "agent-partition", "clock-step", "agent-crash", "suspicion"}
+		"nats-outage", "kv-loss", "head", "agent-partition", "clock-step", "agent-crash", "suspicion", "key-churn"}
 }
 
 // fault is one event of a schedule: a window [At, At+For) of a kind.
@@ -255,7 +256,7 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 		f.For = min(time.Second+time.Duration(rng.Int64N(int64(4*sc.Lease.D()+1))), run-f.At-time.Second)
 		f.At, f.For = f.At.Round(100*time.Millisecond), f.For.Round(100*time.Millisecond)
 		f.Region = names[rng.IntN(len(names))]
-		switch rng.IntN(14) {
+		switch rng.IntN(15) {
 		case 0, 1:
 			f.Kind = "partition"
 		case 2:
@@ -314,6 +315,8 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 			}
 		case 13:
 			f.Kind, f.Agent = "suspicion", 1+rng.IntN(sc.Regions[slices.Index(names, f.Region)].Agents)
+		case 14:
+			f.Kind, f.Keys = "key-churn", 1+rng.IntN(max(1, sc.Keys.Count/3))
 		}
 		if kinds != nil && !slices.Contains(kinds, f.Kind) {
 			continue
@@ -348,6 +351,7 @@ func cloneScenario(sc *Scenario) *Scenario {
 	c.Faults.ClockSteps = slices.Clone(sc.Faults.ClockSteps)
 	c.Faults.Suspicions = slices.Clone(sc.Faults.Suspicions)
 	c.Faults.AgentCrash = slices.Clone(sc.Faults.AgentCrash)
+	c.Faults.KeyChurn = slices.Clone(sc.Faults.KeyChurn)
 	return &c
 }
 
@@ -383,6 +387,8 @@ func (p *plan) scenario() *Scenario {
 			sc.Faults.AgentCrash = append(sc.Faults.AgentCrash, CrashSpec{FaultSpell: sp, Region: f.Region, Agent: f.Agent, Coordinator: f.Region == ""})
 		case "suspicion":
 			sc.Faults.Suspicions = append(sc.Faults.Suspicions, AgentSpell{FaultSpell: sp, Region: f.Region, Agent: f.Agent})
+		case "key-churn":
+			sc.Faults.KeyChurn = append(sc.Faults.KeyChurn, ChurnSpec{FaultSpell: sp, Keys: f.Keys})
 		}
 	}
 	return sc

@@ -234,6 +234,10 @@ type FaultsSpec struct {
 	// node with no table, a new watch, a candidate again. Its clients'
 	// requests go to its region's other agents, or nowhere.
 	AgentCrash []CrashSpec `yaml:"agent_crash,omitempty"`
+	// KeyChurn offers the Keys least popular keys traffic only inside the
+	// window: they appear at At (new to the coordinator) and go idle at
+	// At+For (the coordinator drops them after its KeyIdle).
+	KeyChurn []ChurnSpec `yaml:"key_churn,omitempty"`
 	// ClockSteps step a region's clock (its hosts' and its store's) by
 	// Step at At, for the rest of the run.
 	ClockSteps []ClockStep `yaml:"clock_steps,omitempty"`
@@ -268,6 +272,12 @@ type CrashSpec struct {
 	Region      string `yaml:"region,omitempty"`
 	Agent       int    `yaml:"agent,omitempty"`
 	Coordinator bool   `yaml:"coordinator,omitempty"`
+}
+
+// ChurnSpec is a window of demand for the Keys least popular keys.
+type ChurnSpec struct {
+	FaultSpell `yaml:",inline"`
+	Keys       int `yaml:"keys"`
 }
 
 // MembershipSpec times the simulated failure detection.
@@ -614,6 +624,13 @@ func (s *Scenario) Validate() error {
 			bad(p, "coordinator: true names no region or agent (it crashes whichever agent coordinates at %s)", c.At.D())
 		case !c.Coordinator:
 			agentOf(p, c.Region, c.Agent)
+		}
+	}
+	for i, c := range s.Faults.KeyChurn {
+		p := fmt.Sprintf("faults.key_churn[%d]", i)
+		s.checkSpell(&errs, p, c.FaultSpell)
+		if c.Keys < 1 || (s.Keys.Count > 0 && c.Keys > s.Keys.Count) {
+			bad(p+".keys", "%d: must be in [1, keys.count %d]", c.Keys, s.Keys.Count)
 		}
 	}
 	if d := s.Membership.Detect; d < 0 || d.D() > time.Minute {
