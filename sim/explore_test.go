@@ -71,24 +71,12 @@ func known(f Failure) bool {
 	return false
 }
 
-// hasFault reports whether sc has a fault of explorer kind kind.
+// hasFault reports whether sc has a fault of explorer kind kind (its
+// list in the scenario file, as faultSpells names it).
 func hasFault(sc *Scenario, kind string) bool {
-	f := &sc.Faults
-	switch kind {
-	case "partition":
-		return len(f.Partitions) > 0
-	case "kv-loss":
-		return len(f.KVLoss) > 0
-	case "head":
-		return len(f.Heads) > 0
-	case "nats-outage":
-		return len(f.NATSOutage) > 0
-	case "agent-partition":
-		return len(f.AgentPartition) > 0
-	case "agent-crash":
-		return len(f.AgentCrash) > 0
-	}
-	return false
+	list := map[string]string{"partition": "partitions", "kv-loss": "kv_loss", "head": "heads",
+		"nats-outage": "nats_outage", "agent-partition": "agent_partition", "agent-crash": "agent_crash"}[kind]
+	return slices.ContainsFunc(faultSpells(sc), func(f spellRef) bool { return f.list == list })
 }
 
 // TestExploreSeed1 is must-hold 2 of issue 16: `meridian sim --explore 300
