@@ -24,14 +24,15 @@ const (
 	// CheckOABudget: OA_budget > 0 at the end of a run whose schedule chose
 	// no over-admitting mode (invariant 6).
 	CheckOABudget = "safety/oa-budget"
-	// CheckLiveness: lease + 3Δ after the last fault healed (partitions,
-	// region loss, Redis outages, coordinator failovers), some agent of a
+	// CheckLiveness: from lease + 3Δ after the last fault healed (every
+	// fault faultSpells lists) to the end of the run, some agent of a
 	// region that is up holds no table, a lapsed one or one that does not
-	// name it — the coordinator's tables no longer reach it. Checked only
-	// on lossless links (a run of lost tables may lapse a lease by chance)
-	// and when that instant falls inside the run.
+	// name it — the coordinator's tables no longer reach it. Checked at
+	// that instant and every second after it, only on lossless links (a
+	// run of lost tables may lapse a lease by chance) and when that
+	// instant falls inside the run.
 	CheckLiveness = "liveness/table"
-	// CheckConverge: at the same instant, an agent whose table is in force
+	// CheckConverge: at the same instants, an agent whose table is in force
 	// runs a key more than 5 points of its budget (50,000 ppm) from what
 	// a node that holds only that table runs — its own history (lapses,
 	// row versions, terms) holds it away from its coordinator's target.
@@ -108,11 +109,17 @@ type checker struct {
 	// bug, when set, runs after each event before the checks (a planted
 	// bug, explore_test.go).
 	bug func(*Run, *event)
-	// live is when CheckLiveness runs (true time, µs; MaxInt64: never);
-	// lived says it ran.
+	// live is when the liveness checks start (true time, µs; MaxInt64:
+	// never); lived says they ran.
 	live    int64
 	lived   bool
 	resumed bool // a CheckResume ran
+	// fresh is, per agent, converge's node holding only the table the
+	// agent applied last (of).
+	fresh []struct {
+		of *rebalance.Table
+		n  *region.Node
+	}
 	// resume lists the instants CheckResume runs at, with the crash each
 	// follows.
 	resume []resumeCheck
@@ -124,6 +131,10 @@ type resumeCheck struct {
 
 func newChecker(r *Run) *checker {
 	c := &checker{r: r, keys: len(r.keys), down: make([]bool, len(r.regions)), dirty: true, live: livenessAt(r), resume: resumeAt(r)}
+	c.fresh = make([]struct {
+		of *rebalance.Table
+		n  *region.Node
+	}, r.agents)
 	for range r.agents {
 		c.ppm = append(c.ppm, make([]int64, len(r.keys)))
 		c.burst = append(c.burst, make([]int64, len(r.keys)))
@@ -310,10 +321,17 @@ func (c *checker) converge(e *event) *Violation {
 				continue // CheckLiveness's
 			}
 			local := rg.nodeNow(a, r.now)
-			fresh, err := region.NewNode(rg.ncfg[a], r.policy, &rg.fail)
-			if err == nil {
-				err = fresh.Apply(w.applied, local)
+			g := rg.first + a
+			var err error
+			if c.fresh[g].of != w.applied {
+				// A node holding only this table, made when the table is
+				// first checked and kept while it is in force.
+				c.fresh[g].of = w.applied
+				if c.fresh[g].n, err = region.NewNode(rg.ncfg[a], r.policy, &rg.fail); err == nil {
+					err = c.fresh[g].n.Apply(w.applied, local)
+				}
 			}
+			fresh := c.fresh[g].n
 			if err != nil {
 				return &Violation{Check: CheckConverge, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind),
 					Detail: fmt.Sprintf("%s: a fresh node refuses its table %d/%d: %v", agentName(rg.name, a), w.applied.Term, w.applied.Epoch, err)}
@@ -487,8 +505,11 @@ func (c *checker) after(r *Run, e *event) error {
 			c.down[ri], c.dirty = d, true
 		}
 	}
-	if r.now >= c.live {
-		c.live, c.lived = math.MaxInt64, true
+	// The liveness checks hold from a lease + 3Δ after the last fault
+	// healed to the end: first at that instant, then at every per-second
+	// sample.
+	if r.now >= c.live && (!c.lived || e.kind == evSample) {
+		c.lived = true
 		if v := c.liveness(e); v != nil {
 			return v
 		}
