@@ -152,11 +152,11 @@ func TestKnownFailures(t *testing.T) {
 // the number of workers.
 func TestExploreDeterministic(t *testing.T) {
 	n := exploreN(12, 4)
-	a, err := Explore(ExploreOptions{N: n, Seed: 7, Workers: 1})
+	a, err := Explore(ExploreOptions{N: n, Seed: 7, Workers: 1, MaxShrinkRuns: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Explore(ExploreOptions{N: n, Seed: 7, Workers: 3})
+	b, err := Explore(ExploreOptions{N: n, Seed: 7, Workers: 3, MaxShrinkRuns: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func (h eventHeap) slotRegion(i int) int {
 // TestExploreFindsPlantedLivenessBug: the liveness check catches a region
 // that stops receiving tables.
 func TestExploreFindsPlantedLivenessBug(t *testing.T) {
-	rep, err := Explore(ExploreOptions{N: exploreN(30, 8), Seed: 1, Workers: 2, Kinds: []string{"redis-outage", "move"}, bug: loseTablesToAP, MaxShrinkRuns: exploreN(0, 10)})
+	rep, err := Explore(ExploreOptions{N: exploreN(30, 4), Seed: 1, Workers: 2, Kinds: []string{"redis-outage", "move"}, bug: loseTablesToAP, MaxShrinkRuns: exploreN(0, 10)})
 	if err != nil {
 		t.Fatal(err)
 	}
