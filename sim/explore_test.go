@@ -95,7 +95,7 @@ func hasFault(sc *Scenario, kind string) bool {
 }
 
 // TestExploreSeed1 is must-hold 2 of issue 16: `meridian sim --explore 300
-// --seed 1` (30 under the race detector, shrinking less) finds only the
+// --seed 1` (12 under the race detector, shrinking less) finds only the
 // known failures. Its first known-failure list was 31 schedules of one
 // defect — a region back from a loss longer than its lease ran its old
 // table's shares until each of its agents ticked — and was empty once a
@@ -105,7 +105,7 @@ func hasFault(sc *Scenario, kind string) bool {
 // shrink it (the failure's YAML replays with --check) and fix it, or list
 // it with the schedule that finds it.
 func TestExploreSeed1(t *testing.T) {
-	rep, err := Explore(ExploreOptions{N: exploreN(300, 30), Seed: 1, Workers: 2, MaxShrinkRuns: exploreN(200, 5)})
+	rep, err := Explore(ExploreOptions{N: exploreN(300, 12), Seed: 1, Workers: 2, MaxShrinkRuns: exploreN(200, 3)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestExploreSeed1(t *testing.T) {
 }
 
 // TestKnownFailures runs each known failure's schedule (also under the
-// race detector, where TestExploreSeed1 runs only the first 30) and
+// race detector, where TestExploreSeed1 runs only the first 12) and
 // checks it still violates its check: the list shrinks as defects are
 // fixed, never by a check going blind.
 func TestKnownFailures(t *testing.T) {
