@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -278,7 +279,7 @@ func resumeAt(r *Run) []resumeCheck {
 			out = append(out, resumeCheck{at: at, crash: us(f.At)})
 		}
 	}
-	slices.SortFunc(out, func(a, b resumeCheck) int { return cmpInt(a.at, b.at) })
+	slices.SortFunc(out, func(a, b resumeCheck) int { return cmp.Compare(a.at, b.at) })
 	return out
 }
 

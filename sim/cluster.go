@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"errors"
@@ -100,9 +101,6 @@ func (r *Run) clusterKeys() {
 func (r *Run) natsDown() bool {
 	return slices.ContainsFunc(r.sc.Faults.NATSOutage, func(f FaultSpell) bool { return inSpell(r.now, f.At, f.For) })
 }
-
-// kvLost reports whether the bucket is deleted now.
-func (r *Run) kvLost() bool { return r.tkv.lost }
 
 // agentCut reports whether agent a of region ri cannot reach NATS now:
 // an outage, its own partition, or its region's loss.
@@ -283,7 +281,8 @@ func (r *Run) resync(ri, a int) {
 // resyncEvery is protocol.DefaultWatchConfig's Resync, µs.
 var resyncEvery = protocol.DefaultWatchConfig().Resync.Microseconds()
 
-// faultStarts marks the watches a fault starting now breaks.
+// watchesFail marks failed the watches of region ri's agent a (-1: every
+// region, every agent) that a fault starting now breaks.
 func (r *Run) watchesFail(ri, a int) {
 	for i, rg := range r.regions {
 		for j := range rg.nodes {
@@ -322,7 +321,7 @@ func (r *Run) headWrite(h HeadSpec) error {
 		if age == 0 {
 			age = 10_000_000
 		}
-		i, _ := slices.BinarySearchFunc(r.tkv.genuine, r.now-age+1, func(s storedHead, t int64) int { return cmpInt(s.at, t) })
+		i, _ := slices.BinarySearchFunc(r.tkv.genuine, r.now-age+1, func(s storedHead, t int64) int { return cmp.Compare(s.at, t) })
 		head = r.tkv.genuine[max(0, i-1)].head
 	case "forged":
 		t := &rebalance.Table{Term: r.term + 100, Epoch: 1, Issued: r.coordNow()}
@@ -343,16 +342,6 @@ func (r *Run) headWrite(h HeadSpec) error {
 	r.tkv.head, r.tkv.rev, r.tkv.byCoord = slices.Clone(head), r.bucketSeq, false
 	r.writeHead(r.tkv.head, r.tkv.rev, 1)
 	return nil
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // duplicate draws whether a message from region a to b arrives twice
