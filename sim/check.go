@@ -99,10 +99,11 @@ func eventName(kind uint8) string {
 type checker struct {
 	r      *Run
 	keys   int
-	ppm    [][]int64 // [agent][key]: share in force, ppm
-	burst  [][]int64 // [agent][key]: burst in force
-	next   []int64   // [agent]: true time its next pending change takes effect (MaxInt64: none)
-	down   []bool    // [region]: lost at the last check
+	ppm    [][]int64      // [agent][key]: share in force, ppm
+	burst  [][]int64      // [agent][key]: burst in force
+	lim    [][]gcra.Limit // [agent][key]: the limit in force (for shares of another budget mid-reload)
+	next   []int64        // [agent]: true time its next pending change takes effect (MaxInt64: none)
+	down   []bool         // [region]: lost at the last check
 	dirty  bool
 	checks int64
 	// maxSum is the largest Σ shares in force seen (ppm).
@@ -139,6 +140,7 @@ func newChecker(r *Run) *checker {
 	for range r.agents {
 		c.ppm = append(c.ppm, make([]int64, len(r.keys)))
 		c.burst = append(c.burst, make([]int64, len(r.keys)))
+		c.lim = append(c.lim, make([]gcra.Limit, len(r.keys)))
 		c.next = append(c.next, math.MinInt64) // computed at the first check
 	}
 	return c
@@ -159,7 +161,10 @@ func (c *checker) column(ri, a int) {
 	if ts := n.Table(); ts.HasTable && !ts.Lapsed && ts.LeaseExpiry > local {
 		next = min(next, r.now+(ts.LeaseExpiry-local))
 	}
-	rules := r.policy.Rules()
+	// Each agent's share is of the budget its own policy gives the key
+	// (after, mid-reload: of the largest budget a live agent's policy
+	// gives it).
+	rules := n.Policy().Rules()
 	for k := range r.keys {
 		s := n.ScheduleAt(rules[k], r.keys[k].name, local)
 		l := s.Current.Limit
@@ -167,8 +172,8 @@ func (c *checker) column(ri, a int) {
 			l = s.Previous.Limit
 			next = min(next, s.Current.Effective-rg.skew)
 		}
-		c.ppm[g][k] = shareOfLimit(r.keys[k].budget, l)
-		c.burst[g][k] = l.Burst()
+		c.ppm[g][k] = shareOfLimit(rules[k].Limit, l)
+		c.burst[g][k], c.lim[g][k] = l.Burst(), l
 	}
 	c.next[g] = next
 	c.dirty = true
@@ -249,6 +254,9 @@ func faultSpells(sc *Scenario) []spellRef {
 	for i, c := range f.KeyChurn {
 		add("key_churn", i, c.FaultSpell)
 	}
+	for i, c := range f.PolicyReloads {
+		add("policy_reloads", i, FaultSpell{At: c.At, For: c.Spread})
+	}
 	return out
 }
 
@@ -311,12 +319,12 @@ func (c *checker) liveness(e *event) *Violation {
 // moves to, whether or not an increase's fence has passed.
 func (c *checker) converge(e *event) *Violation {
 	r := c.r
-	rules := r.policy.Rules()
 	for ri, rg := range r.regions {
 		if r.regionDown(ri, r.now) {
 			continue
 		}
 		for a, n := range rg.nodes {
+			rules := n.Policy().Rules()
 			w := &rg.watch[a]
 			if st := n.Table(); rg.dead[a] || !st.HasTable || st.Lapsed || !st.Named || w.applied == nil {
 				continue // CheckLiveness's
@@ -324,11 +332,11 @@ func (c *checker) converge(e *event) *Violation {
 			local := rg.nodeNow(a, r.now)
 			g := rg.first + a
 			var err error
-			if c.fresh[g].of != w.applied {
+			if c.fresh[g].of != w.applied || c.fresh[g].n.Policy() != n.Policy() {
 				// A node holding only this table, made when the table is
 				// first checked and kept while it is in force.
 				c.fresh[g].of = w.applied
-				if c.fresh[g].n, err = region.NewNode(rg.ncfg[a], r.policy, &rg.fail); err == nil {
+				if c.fresh[g].n, err = region.NewNode(rg.ncfg[a], n.Policy(), &rg.fail); err == nil {
 					err = c.fresh[g].n.Apply(w.applied, local)
 				}
 			}
@@ -338,8 +346,8 @@ func (c *checker) converge(e *event) *Violation {
 					Detail: fmt.Sprintf("%s: a fresh node refuses its table %d/%d: %v", agentName(rg.name, a), w.applied.Term, w.applied.Epoch, err)}
 			}
 			for k := range r.keys {
-				got := shareOfLimit(r.keys[k].budget, n.ScheduleAt(rules[k], r.keys[k].name, local).Current.Limit)
-				want := shareOfLimit(r.keys[k].budget, fresh.ScheduleAt(rules[k], r.keys[k].name, local).Current.Limit)
+				got := shareOfLimit(rules[k].Limit, n.ScheduleAt(rules[k], r.keys[k].name, local).Current.Limit)
+				want := shareOfLimit(rules[k].Limit, fresh.ScheduleAt(rules[k], r.keys[k].name, local).Current.Limit)
 				if got < want-convergeTolerance || got > want+convergeTolerance {
 					return &Violation{Check: CheckConverge, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind), Key: r.keys[k].name,
 						Detail: fmt.Sprintf("%s, lease + 3Δ after the last fault healed: key %s at %d ppm, its table %d/%d says %d ppm",
@@ -523,19 +531,36 @@ func (c *checker) after(r *Run, e *event) error {
 	}
 	c.dirty = false
 	c.checks++
+	// Mid-reload (ReloadSpec) the live agents run different policies: a
+	// rollout promises no more than the largest budget among them, so the
+	// shares and bursts in force are measured against that.
+	mixed, one := c.policies()
 	for k := range r.keys {
 		var sum, bsum int64
+		budget := r.keys[k].budget
+		if one != nil {
+			budget = one.Rules()[k].Limit
+		}
+		bcap := budget.Burst()
+		if mixed != nil {
+			budget, bcap = loosest(mixed, k)
+		}
 		for ri, rg := range r.regions {
 			if c.down[ri] {
 				continue
 			}
 			var p, b int64
 			for a := range rg.nodes {
+				g := rg.first + a
 				if rg.dead[a] {
 					continue // decides nothing until it restarts
 				}
-				p = max(p, c.ppm[rg.first+a][k])
-				b = max(b, c.burst[rg.first+a][k])
+				pp := c.ppm[g][k]
+				if mixed != nil {
+					pp = shareOfLimit(budget, c.lim[g][k])
+				}
+				p = max(p, pp)
+				b = max(b, c.burst[g][k])
 			}
 			sum += p
 			bsum += b
@@ -544,11 +569,46 @@ func (c *checker) after(r *Run, e *event) error {
 		switch {
 		case sum > rebalance.PPM:
 			return c.violation(CheckShare, e, k, fmt.Sprintf("key %s: Σ shares in force %d ppm > %d", r.keys[k].name, sum, rebalance.PPM))
-		case bsum > r.keys[k].budget.Burst():
-			return c.violation(CheckBurst, e, k, fmt.Sprintf("key %s: Σ bursts in force %d > the budget's %d", r.keys[k].name, bsum, r.keys[k].budget.Burst()))
+		case bsum > bcap:
+			return c.violation(CheckBurst, e, k, fmt.Sprintf("key %s: Σ bursts in force %d > the budget's %d", r.keys[k].name, bsum, bcap))
 		}
 	}
 	return nil
+}
+
+// policies returns the policies the live agents run: mixed lists them
+// when they are not all the same one, one is that one otherwise (both nil:
+// no agent lives).
+func (c *checker) policies() (mixed []*region.Policy, one *region.Policy) {
+	for ri, rg := range c.r.regions {
+		for a, n := range rg.nodes {
+			if c.down[ri] || rg.dead[a] {
+				continue
+			}
+			if p := n.Policy(); !slices.Contains(mixed, p) {
+				mixed = append(mixed, p)
+			}
+		}
+	}
+	if len(mixed) == 1 {
+		return nil, mixed[0]
+	}
+	return mixed, nil
+}
+
+// loosest is the largest of the budgets ps give key k (the shortest
+// interval) and the largest burst.
+func loosest(ps []*region.Policy, k int) (gcra.Limit, int64) {
+	best := ps[0].Rules()[k].Limit
+	burst := best.Burst()
+	for _, p := range ps[1:] {
+		l := p.Rules()[k].Limit
+		if l.IntervalMicros() < best.IntervalMicros() {
+			best = l
+		}
+		burst = max(burst, l.Burst())
+	}
+	return best, burst
 }
 
 func (c *checker) violation(check string, e *event, k int, detail string) *Violation {
@@ -557,6 +617,16 @@ func (c *checker) violation(check string, e *event, k int, detail string) *Viola
 }
 
 // regionsDetail says what each region's agents run for key k.
+// scheduleDetail says what a schedule runs: its limits, epochs and when
+// the current one takes effect.
+func scheduleDetail(s gcra.Schedule) string {
+	cur := fmt.Sprintf("%s epoch %d from %s", s.Current.Limit, s.Current.Epoch, time.Duration(s.Current.Effective)*time.Microsecond)
+	if !s.HasPrevious {
+		return cur
+	}
+	return fmt.Sprintf("%s epoch %d, then %s", s.Previous.Limit, s.Previous.Epoch, cur)
+}
+
 func (c *checker) regionsDetail(k int) string {
 	r := c.r
 	var parts []string
@@ -564,9 +634,14 @@ func (c *checker) regionsDetail(k int) string {
 		var agents []string
 		for a, n := range rg.nodes {
 			st := n.Table()
-			agents = append(agents, fmt.Sprintf("%s %d ppm burst %d (table %d/%d lease %s lapsed %v named %v)",
+			pv := ""
+			if v := slices.Index(r.policies, n.Policy()); v > 0 {
+				pv = fmt.Sprintf(" policy v%d", v)
+			}
+			agents = append(agents, fmt.Sprintf("%s %d ppm burst %d (table %d/%d lease %s lapsed %v named %v%s; %s)",
 				agentName(rg.name, a), c.ppm[rg.first+a][k], c.burst[rg.first+a][k], st.Term, st.Epoch,
-				time.Duration(st.LeaseExpiry)*time.Microsecond, st.Lapsed, st.Named))
+				time.Duration(st.LeaseExpiry)*time.Microsecond, st.Lapsed, st.Named, pv,
+				scheduleDetail(n.ScheduleAt(n.Policy().Rules()[k], r.keys[k].name, rg.nodeNow(a, r.now)))))
 		}
 		state := ""
 		if c.down[ri] {

@@ -381,6 +381,23 @@ func (r *Run) scheduleClusterFaults() {
 	for i, c := range f.ClockSteps {
 		r.schedule(event{t: us(c.At), kind: evFault, a: faultClockStep, b: int32(i)})
 	}
+	for j, rl := range r.reloads {
+		// Each agent polls its file on its own: its reload instant is
+		// drawn from a stream of the reload's own, so the workload's
+		// draws do not move.
+		rng := rand.New(rand.NewPCG(r.seed, 0x706f6c6963790000+uint64(j)))
+		last := us(rl.At)
+		r.schedule(event{t: us(rl.At), kind: evFault, a: faultPolicyFile, b: int32(j)})
+		for g := range r.agents {
+			t := us(rl.At)
+			if rl.Spread > 0 {
+				t += rng.Int64N(us(rl.Spread))
+			}
+			last = max(last, t)
+			r.schedule(event{t: t, kind: evFault, a: faultPolicyAgent, b: int32(j*r.agents + g)})
+		}
+		r.schedule(event{t: last, kind: evFault, a: faultPolicySettled, b: int32(j)})
+	}
 	r.crashed = make([][2]int, len(f.AgentCrash))
 	for i, c := range f.AgentCrash {
 		r.crashed[i] = [2]int{-1, -1}
@@ -432,8 +449,38 @@ func (r *Run) fault(edge, i int) error {
 		if ri, a := r.crashed[i][0], r.crashed[i][1]; ri >= 0 {
 			return r.restartAgent(ri, a)
 		}
+	case faultPolicyFile, faultPolicySettled:
+		r.reloadBudgets(edge, i)
+	case faultPolicyAgent:
+		j, g := i/r.agents, i%r.agents
+		ri := slices.IndexFunc(r.regions, func(rg *regionState) bool { return g < rg.first+len(rg.nodes) })
+		rg, a := r.regions[ri], g-r.regions[ri].first
+		if rg.dead[a] {
+			return nil // its restart reads the file
+		}
+		if n := rg.nodes[a]; slices.Index(r.policies, n.Policy()) < j+1 {
+			n.SetPolicy(r.policies[j+1]) // as agent.Reload does
+		}
 	}
 	return nil
+}
+
+// reloadBudgets moves the yardstick to policy reload j's budgets: the ideal
+// limiter (and the replicated counter) when the file changes; OA_budget's
+// meter then for a budget that grows, and for one that shrinks once every
+// agent has read the file — until then regions may still run the larger
+// budget, by the operator's rollout rather than by the protocol.
+func (r *Run) reloadBudgets(edge, j int) {
+	rl := r.reloads[j]
+	rules := r.policies[j+1].Rules()
+	for i := range rl.Keys {
+		if edge == faultPolicyFile {
+			r.keys[i].budget = rules[i].Limit
+		}
+		if (edge == faultPolicyFile) == (rl.Scale > 1) {
+			r.m.budgets[i] = rules[i].Limit
+		}
+	}
 }
 
 // crashAgent kills agent a of region ri's process: its candidate (and
@@ -453,7 +500,7 @@ func (r *Run) crashAgent(ri, a int) {
 // back with the region).
 func (r *Run) restartAgent(ri, a int) error {
 	rg := r.regions[ri]
-	n, err := region.NewNode(rg.ncfg[a], r.policy, &rg.fail)
+	n, err := region.NewNode(rg.ncfg[a], r.filePolicy(), &rg.fail) // the file as it reads now
 	if err != nil {
 		return fmt.Errorf("sim: restart %s: %w", agentName(rg.name, a), err)
 	}

@@ -96,8 +96,12 @@
 // within the run's keys and agents. A failure is shrunk — faults dropped one at a time, the set-up
 // simplified, faults halved and moved earlier, the run cut just after the
 // violation — and printed as a scenario file that `meridian sim --scenario
-// FILE --check` replays to the same violation. Not covered yet: policy
-// reloads.
+// FILE --check` replays to the same violation. A policy reload
+// (ReloadSpec) reaches each agent at its own instant, so mid-reload the
+// agents run different budgets: the shares and bursts in force are then
+// measured against the largest budget a live agent's policy gives the key
+// (a rollout promises no more), and OA_budget's meter keeps a shrinking
+// budget's old value until every agent has read the new one.
 //
 // Control cost counts what gossip/wire would put on the wire: each report,
 // ack and signed table is sized exactly (ReportSize, AckSize, TableSize,

@@ -60,6 +60,9 @@ const (
 	faultClockStep
 	faultAgentCrash
 	faultAgentRestart
+	faultPolicyFile    // b: reload j: the file changes (the ideal limiter's budgets)
+	faultPolicyAgent   // b: reload j·agents + agent g: agent g reads the file
+	faultPolicySettled // b: reload j: every agent has read it
 )
 
 // event is one thing that happens at t.
@@ -131,9 +134,14 @@ func (h *eventHeap) pop() item {
 
 // key is one simulated key.
 type key struct {
-	name    string // region.KeyName
-	value   string // the descriptor value
-	budget  gcra.Limit
+	name   string     // region.KeyName
+	value  string     // the descriptor value
+	budget gcra.Limit // the ideal limiter's budget now (a policy reload changes it at its At)
+	// reqs, period, burst: the budget of each policy version
+	// (Run.policies), as the policy file writes it.
+	reqs    []int64
+	period  time.Duration
+	burst   []int64
 	rate    float64   // offered requests/s in total
 	mix     []float64 // per region: part of the key's traffic (sums to 1)
 	lmax    float64   // thinning bound on the key's rate multiplier
@@ -251,8 +259,12 @@ type Run struct {
 	free    []int32 // free slots of msgs
 	keys    []key
 	regions []*regionState
-	policy  *region.Policy
-	rcfg    rebalance.Config
+	policy  *region.Policy // the policy the run starts with (policies[0])
+	// policies are the policy file's versions: the first, then one per
+	// policy reload in time order (reloads).
+	policies []*region.Policy
+	reloads  []ReloadSpec
+	rcfg     rebalance.Config
 
 	coord    *protocol.Term // the coordinator's term, as gossip.Loop runs it; nil while down
 	coordIdx int            // the region of the coordinator (the last one while none leads)
@@ -394,8 +406,6 @@ func (r *Run) buildKeys() error {
 	for _, rg := range sc.Regions {
 		regW += rg.Weight
 	}
-	var pol strings.Builder
-	pol.WriteString("domains:\n  - domain: sim\n    descriptors:\n")
 	r.keys = make([]key, n)
 	for i := range r.keys {
 		k := &r.keys[i]
@@ -413,8 +423,7 @@ func (r *Run) buildKeys() error {
 		budgetRate := k.rate / ratio
 		reqs, period, burst := budgetFor(max(budgetRate, 1.0/3600), sc.Keys.Burst)
 		k.name = region.KeyName("sim", []region.Entry{{Key: "k", Value: k.value}})
-		fmt.Fprintf(&pol, "      - {key: k, value: %q, rate_limit: {period: %s, requests_per_unit: %d, burst: %d, failure_mode: %s}}\n",
-			k.value, period, reqs, burst, sc.FailureMode)
+		k.reqs, k.period, k.burst = []int64{reqs}, period, []int64{burst}
 		// Region mix: home share plus the rest by weight.
 		home := pickWeighted(krng, sc.Regions)
 		k.mix = make([]float64, len(sc.Regions))
@@ -426,18 +435,55 @@ func (r *Run) buildKeys() error {
 		k.req = region.Request{Domain: "sim", Cost: 1,
 			Descriptors: []region.Descriptor{{Entries: []region.Entry{{Key: "k", Value: k.value}}}}}
 	}
-	p, err := region.ParsePolicy([]byte(pol.String()))
-	if err != nil {
-		return fmt.Errorf("sim: build the policy: %w", err)
+	// The policy reloads, in time order: version v+1 scales the Keys most
+	// popular keys' budgets of version v.
+	r.reloads = slices.Clone(sc.Faults.PolicyReloads)
+	slices.SortStableFunc(r.reloads, func(a, b ReloadSpec) int { return cmp.Compare(a.At, b.At) })
+	for j, rl := range r.reloads {
+		if rl.Keys > n {
+			return fmt.Errorf("sim: faults.policy_reloads[%d].keys: %d, but the run has %d keys", j, rl.Keys, n)
+		}
+		for i := range r.keys {
+			k := &r.keys[i]
+			q, b := k.reqs[j], k.burst[j]
+			if i < rl.Keys {
+				q, b = max(1, int64(math.Round(float64(q)*rl.Scale))), max(1, int64(math.Round(float64(b)*rl.Scale)))
+			}
+			k.reqs, k.burst = append(k.reqs, q), append(k.burst, b)
+		}
 	}
 	// One rule per key (descriptor value = the key's id): the policy the
 	// nodes resolve requests with is the one the coordinator's term budgets
 	// reported keys by (RuleForKey on the key's name).
-	r.policy = p
-	for i, rule := range p.Rules() {
+	for v := range len(r.reloads) + 1 {
+		var pol strings.Builder
+		pol.WriteString("domains:\n  - domain: sim\n    descriptors:\n")
+		for i := range r.keys {
+			k := &r.keys[i]
+			fmt.Fprintf(&pol, "      - {key: k, value: %q, rate_limit: {period: %s, requests_per_unit: %d, burst: %d, failure_mode: %s}}\n",
+				k.value, k.period, k.reqs[v], k.burst[v], sc.FailureMode)
+		}
+		p, err := region.ParsePolicy([]byte(pol.String()))
+		if err != nil {
+			return fmt.Errorf("sim: build the policy: %w", err)
+		}
+		r.policies = append(r.policies, p)
+	}
+	r.policy = r.policies[0]
+	for i, rule := range r.policy.Rules() {
 		r.keys[i].budget = rule.Limit
 	}
 	return nil
+}
+
+// filePolicy is the policy file as it reads now: the version of the last
+// policy reload at or before now.
+func (r *Run) filePolicy() *region.Policy {
+	v := 0
+	for v < len(r.reloads) && us(r.reloads[v].At) <= r.now {
+		v++
+	}
+	return r.policies[v]
 }
 
 func pickWeighted(rng *rand.Rand, regions []RegionSpec) int {
@@ -597,7 +643,7 @@ func (r *Run) startCoordinator(ci int, term uint64, now int64) error {
 			latest = t
 		}
 	}
-	tm, err := protocol.NewTerm(r.termConfig(), term, latest, r.live(), r.policy, now)
+	tm, err := protocol.NewTerm(r.termConfig(), term, latest, r.live(), r.regions[c.ri].nodes[c.a].Policy(), now)
 	if errors.Is(err, protocol.ErrDeposed) {
 		r.deposeCandidate(ci)
 		return nil
@@ -910,7 +956,8 @@ func (r *Run) handle(e *event) error {
 		// gossip.Loop.coordinate's tick: the policy in force, the live
 		// members, the term's Tick; then store and publish what it returns.
 		if tm := r.coord; tm != nil {
-			tm.Policy(r.policy)
+			c := r.cands[r.leader]
+			tm.Policy(r.regions[c.ri].nodes[c.a].Policy()) // its own agent's node's, as gossip.Loop hands it
 			tm.Members(r.live())
 			t := tm.Tick(r.coordNow())
 			if err := r.termEvents(); err != nil {

@@ -28,7 +28,8 @@ import (
 // longer than the lease, loss of the KV bucket, forged, replayed and
 // undecodable table heads, partitions of one agent from NATS, crashes of
 // an agent (the coordinator's, or any), false suspicions, clock steps,
-// key churn (new keys, and keys going idle),
+// key churn (new keys, and keys going idle), policy reloads (budgets that
+// grow or shrink, read by each agent at its own instant),
 // traffic moves and flash crowds; per schedule, the strategy (full, the
 // over-committing baseline, now and then), the interval, membership's
 // detection delay (0 or 0.5–3 s), 1–3
@@ -40,8 +41,6 @@ import (
 // force, convergence to them, rebalancing resuming after a crash) and
 // resources (messages and bucket calls per agent, the coordinator's
 // entries).
-//
-// Not drawn yet: policy reloads.
 
 // ExploreOptions configures Explore.
 type ExploreOptions struct {
@@ -153,17 +152,17 @@ func ExploreBase() *Scenario {
 // a traffic move and a flash crowd.
 func FaultKinds() []string {
 	return []string{"partition", "region-loss", "redis-outage", "failover", "move", "flash",
-		"nats-outage", "kv-loss", "head", "agent-partition", "clock-step", "agent-crash", "suspicion", "key-churn"}
+		"nats-outage", "kv-loss", "head", "agent-partition", "clock-step", "agent-crash", "suspicion", "key-churn", "policy-reload"}
 }
 
 // fault is one event of a schedule: a window [At, At+For) of a kind.
 type fault struct {
 	Kind    string // one of FaultKinds
 	At, For time.Duration
-	Region  string // the region it hits (move: from)
-	To      string // move: the region traffic moves to
-	Keys    int    // flash: how many of the most popular keys
-	Factor  float64
+	Region  string        // the region it hits (move: from)
+	To      string        // move: the region traffic moves to
+	Keys    int           // flash, policy-reload: how many of the most popular keys
+	Factor  float64       // flash: the demand's; policy-reload: the budgets' scale
 	Agent   int           // agent-partition, agent-crash, suspicion: which agent of Region (from 1; agent-crash 0: the coordinator's)
 	Head    string        // head: the HeadSpec kind
 	Step    time.Duration // clock-step: by how much
@@ -323,6 +322,17 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 		}
 		p.faults = append(p.faults, f)
 	}
+	// A policy reload in one schedule of four, drawn from a stream of its
+	// own so that the other faults are those the schedule drew before
+	// reloads were drawn.
+	prng := rand.New(rand.NewPCG(seed^0x706f6c696379, uint64(i)))
+	if prng.IntN(4) == 0 && (kinds == nil || slices.Contains(kinds, "policy-reload")) {
+		f := fault{Kind: "policy-reload", At: (time.Duration(prng.Int64N(int64(run*2/3))) + run/10).Round(100 * time.Millisecond)}
+		f.For = min(time.Duration(prng.IntN(31))*100*time.Millisecond, run-f.At-time.Second)
+		f.Keys = 1 + prng.IntN(max(1, sc.Keys.Count/2))
+		f.Factor = []float64{0.25, 0.5, 0.8, 1.25, 2, 4}[prng.IntN(6)]
+		p.faults = append(p.faults, f)
+	}
 	return p
 }
 
@@ -352,6 +362,7 @@ func cloneScenario(sc *Scenario) *Scenario {
 	c.Faults.Suspicions = slices.Clone(sc.Faults.Suspicions)
 	c.Faults.AgentCrash = slices.Clone(sc.Faults.AgentCrash)
 	c.Faults.KeyChurn = slices.Clone(sc.Faults.KeyChurn)
+	c.Faults.PolicyReloads = slices.Clone(sc.Faults.PolicyReloads)
 	return &c
 }
 
@@ -389,6 +400,8 @@ func (p *plan) scenario() *Scenario {
 			sc.Faults.Suspicions = append(sc.Faults.Suspicions, AgentSpell{FaultSpell: sp, Region: f.Region, Agent: f.Agent})
 		case "key-churn":
 			sc.Faults.KeyChurn = append(sc.Faults.KeyChurn, ChurnSpec{FaultSpell: sp, Keys: f.Keys})
+		case "policy-reload":
+			sc.Faults.PolicyReloads = append(sc.Faults.PolicyReloads, ReloadSpec{At: sp.At, Keys: f.Keys, Scale: f.Factor, Spread: sp.For})
 		}
 	}
 	return sc

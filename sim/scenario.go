@@ -241,6 +241,25 @@ type FaultsSpec struct {
 	// ClockSteps step a region's clock (its hosts' and its store's) by
 	// Step at At, for the rest of the run.
 	ClockSteps []ClockStep `yaml:"clock_steps,omitempty"`
+	// PolicyReloads change the policy file: see ReloadSpec.
+	PolicyReloads []ReloadSpec `yaml:"policy_reloads,omitempty"`
+}
+
+// ReloadSpec changes the policy at At: the Keys most popular keys' budgets
+// (requests per period and burst) are multiplied by Scale, rounded, at
+// least 1. The ideal limiter runs the new budgets from At. Each agent
+// reads the new file at its own instant in [At, At+Spread) — agents poll
+// their policy files independently — and the coordinator takes the new
+// budgets when its own agent does (gossip.Loop hands its term the node's
+// policy); an agent that starts later reads the file as it is then. Until
+// every agent has reloaded, regions run different budgets for a key, so
+// the checks measure each agent's share against its own policy's budget
+// and, while a budget shrinks, OA_budget against the larger one.
+type ReloadSpec struct {
+	At     Duration `yaml:"at"`
+	Keys   int      `yaml:"keys"`
+	Scale  float64  `yaml:"scale"`
+	Spread Duration `yaml:"spread,omitempty"`
 }
 
 // HeadSpec writes the table head at At, as anyone with write access to
@@ -644,6 +663,21 @@ func (s *Scenario) Validate() error {
 		}
 		if c.Step == 0 || c.Step.D() > time.Hour || c.Step.D() < -time.Hour {
 			bad(p+".step", "%s: must be nonzero and within ±1h", c.Step.D())
+		}
+	}
+	for i, c := range s.Faults.PolicyReloads {
+		p := fmt.Sprintf("faults.policy_reloads[%d]", i)
+		switch {
+		case c.At < 0 || c.At >= s.Duration:
+			bad(p+".at", "%s: outside the run (%s)", c.At.D(), s.Duration.D())
+		case c.Spread < 0 || c.At+c.Spread > s.Duration:
+			bad(p+".spread", "%s: must be at least 0 and end inside the run (%s from %s)", c.Spread.D(), s.Duration.D(), c.At.D())
+		}
+		if c.Keys < 1 || (s.Keys.Count > 0 && c.Keys > s.Keys.Count) {
+			bad(p+".keys", "%d: must be in [1, keys.count %d]", c.Keys, s.Keys.Count)
+		}
+		if !(c.Scale >= 0.01 && c.Scale <= 100) || c.Scale == 1 {
+			bad(p+".scale", "%g: must be in [0.01, 100] and not 1 (the factor on each budget's rate and burst)", c.Scale)
 		}
 	}
 	valid := append(rebalance.StrategyNames(), ReplicatedCounter, Oracle)

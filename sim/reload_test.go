@@ -1,0 +1,100 @@
+package sim
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/meridian-quota/meridian/rebalance"
+)
+
+// TestPolicyReloadReachesEveryAgent runs a policy reload through the
+// cluster: each agent reads the new file at its own instant within the
+// spread, the coordinator takes the new budgets from its own agent's node,
+// and a lease after the last agent read it every region runs shares of the
+// new budget — summing to at most the whole of it and, with proportional
+// on steady demand, to most of it (not stuck at the safe share).
+func TestPolicyReloadReachesEveryAgent(t *testing.T) {
+	sc := mustScenario(t, `
+name: reload
+duration: 50s
+regions: [{name: eu, agents: 2}, {name: us}, {name: ap, agents: 2}]
+keys: {count: 6, ratio: 2, burst_seconds: 1, home_fraction: 0.6}
+workload: {rate: 300}
+strategies: [proportional]
+intervals: [2s]
+lease: 8s
+faults:
+  policy_reloads: [{at: 15s, keys: 2, scale: 2, spread: 3s}]
+`)
+	var (
+		firstRead, lastRead time.Duration = -1, -1
+		sums                []int64       // Σ over regions of key 0's share of the new budget, per second from 30 s
+	)
+	seen := map[*Run]bool{}
+	watch := func(r *Run, e *event) {
+		seen[r] = true
+		read := 0
+		for _, rg := range r.regions {
+			for _, n := range rg.nodes {
+				if n.Policy() == r.policies[1] {
+					read++
+				}
+			}
+		}
+		now := time.Duration(r.now) * time.Microsecond
+		if read > 0 && firstRead < 0 {
+			firstRead = now
+		}
+		if read == r.agents && lastRead < 0 {
+			lastRead = now
+		}
+		if e.kind == evSample && now >= 30*time.Second {
+			rule := r.policies[1].Rules()[0]
+			var sum int64
+			for _, rg := range r.regions {
+				var p int64
+				for a, n := range rg.nodes {
+					p = max(p, shareOfLimit(rule.Limit, n.ScheduleAt(rule, r.keys[0].name, rg.nodeNow(a, r.now)).Current.Limit))
+				}
+				sum += p
+			}
+			sums = append(sums, sum)
+		}
+	}
+	v, _, err := checkRun(sc, "proportional", 2*time.Second, sc.Seeds[0], watch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != nil {
+		t.Fatalf("violation: %v", v.Error())
+	}
+	if len(seen) != 1 {
+		t.Fatalf("%d runs", len(seen))
+	}
+	var r *Run
+	for k := range seen {
+		r = k
+	}
+	if firstRead < 15*time.Second || lastRead > 18*time.Second || lastRead <= firstRead {
+		t.Errorf("agents read the new policy from %s to %s; want within [15s, 18s), not all at once", firstRead, lastRead)
+	}
+	for i := range r.keys {
+		want := r.policies[0].Rules()[i].Limit
+		if i < 2 {
+			want = r.policies[1].Rules()[i].Limit
+			if old := r.policies[0].Rules()[i].Limit; want.IntervalMicros()*2 > old.IntervalMicros()+1 || want.Burst() < 2*old.Burst()-1 {
+				t.Errorf("key %d: reloaded budget %s, want twice %s", i, want, old)
+			}
+		}
+		if r.keys[i].budget != want {
+			t.Errorf("key %d: the ideal limiter runs %s, want %s", i, r.keys[i].budget, want)
+		}
+	}
+	if len(sums) < 15 {
+		t.Fatalf("%d samples from 30 s", len(sums))
+	}
+	if lo, hi := slices.Min(sums), slices.Max(sums); hi > rebalance.PPM || lo < rebalance.PPM*8/10 {
+		t.Errorf("key 0's shares of the new budget sum to %d–%d ppm from 30 s; want within [800000, %d]", lo, hi, rebalance.PPM)
+	}
+}
