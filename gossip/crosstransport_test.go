@@ -194,9 +194,10 @@ func (a *xtAgent) drive(ctx context.Context, t *testing.T, phase *atomic.Int32) 
 }
 
 // runCluster runs the cluster on net through both phases and returns the
-// converged table's content in each, and the tables the coordinator
-// published.
-func runCluster(t *testing.T, net xtNet) (converged []string, published float64) {
+// converged table's content in each, the tables the coordinator
+// published, and the live agents by region the coordinator's loop sees at
+// the end (nil without membership).
+func runCluster(t *testing.T, net xtNet) (converged []string, published float64, members map[string]int) {
 	sign, verify := xtKeyPair()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -268,7 +269,7 @@ func runCluster(t *testing.T, net xtNet) (converged []string, published float64)
 		})
 		converged = append(converged, got)
 	}
-	return converged, counter(t, regs[1], "meridian_coordinator_tables_published_total")
+	return converged, counter(t, regs[1], "meridian_coordinator_tables_published_total"), agents[1].loop.Status().Members
 }
 
 // counter reads the counter name from reg.
@@ -303,10 +304,38 @@ var xtKeyPair = sync.OnceValues(func() (ed25519.PrivateKey, ed25519.PublicKey) {
 	return priv, pub
 })
 
+// TestCrossTransportSameTables runs the cluster on both transports, first
+// without membership (the coordinator learns agents from their reports),
+// then with it: real memberlist on loopback beside NATS, memnet's
+// membership beside memnet. With membership the coordinator's term starts
+// from the live members and its tables list them, so a transport whose
+// membership reported other agents, or reported them late enough to
+// change a table, would converge on other tables.
 func TestCrossTransportSameTables(t *testing.T) {
-	srv := natstest.Start(t)
-	onNATS := func(t *testing.T, _ string) Ports {
-		return NewPorts(dialT(t, "xt", natsTestConfig(srv.URL())), nil)
+	for _, members := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no-membership", true: "membership"}[members], func(t *testing.T) {
+			crossTransport(t, members)
+		})
+	}
+}
+
+func crossTransport(t *testing.T, members bool) {
+	srv := natstest.Start(t) // a bucket of its own: each run's election starts at term 1
+	var seed string          // the first memberlist member's address: the others join it
+	onNATS := func(t *testing.T, r string) Ports {
+		var mem *Members
+		if members {
+			cfg := DefaultMemberConfig()
+			cfg.Profile, cfg.Bind, cfg.AllowPlaintext = ProfileLocal, "127.0.0.1:0", true
+			if seed != "" {
+				cfg.Join = []string{seed}
+			}
+			mem = start(t, cfg, Meta{Region: r, Agent: r + "-1", Role: "agent", Version: "xt"}, natsLogger(t, nil))
+			if seed == "" {
+				seed = mem.Addr()
+			}
+		}
+		return NewPorts(dialT(t, "xt", natsTestConfig(srv.URL())), mem)
 	}
 	n, err := memnet.New(memnet.NewRealClock(), rand.New(rand.NewPCG(1, 2)), memnet.DefaultConfig())
 	if err != nil {
@@ -314,13 +343,25 @@ func TestCrossTransportSameTables(t *testing.T) {
 	}
 	onMemnet := func(t *testing.T, r string) Ports {
 		a := n.Agent(r, r+"-1")
-		return Ports{Bus: a, Tables: a, Election: Election{KV: a, Key: "leader"}}
+		p := Ports{Bus: a, Tables: a, Election: Election{KV: a, Key: "leader"}}
+		if members {
+			p.Members = a
+		}
+		return p
 	}
 
 	var natsTables, memTables []string
 	var natsPub, memPub float64
-	t.Run("nats", func(t *testing.T) { natsTables, natsPub = runCluster(t, onNATS) })
-	t.Run("memnet", func(t *testing.T) { memTables, memPub = runCluster(t, onMemnet) })
+	var natsMembers, memMembers map[string]int
+	t.Run("nats", func(t *testing.T) { natsTables, natsPub, natsMembers = runCluster(t, onNATS) })
+	t.Run("memnet", func(t *testing.T) { memTables, memPub, memMembers = runCluster(t, onMemnet) })
+	want := map[string]int{"ap": 1, "eu": 1, "us": 1}
+	if !members {
+		want = nil
+	}
+	if !maps.Equal(natsMembers, want) || !maps.Equal(memMembers, want) || (natsMembers == nil) != (want == nil) || (memMembers == nil) != (want == nil) {
+		t.Errorf("the coordinator's loop sees members %v on NATS, %v on memnet; want %v", natsMembers, memMembers, want)
+	}
 	if t.Failed() {
 		return
 	}
