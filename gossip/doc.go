@@ -71,6 +71,16 @@
 // NATS 2.9 or later (KV compare-and-set, direct get, watches); no per-key
 // TTLs are used.
 //
+// What an idle cluster asks of JetStream, bounded by cmd/meridian's
+// TestClusterIdleJetStreamAPI: at most one API request (nats-server's
+// own count, /jsz api.total) per agent per Δ. In practice about one per Δ
+// in all: after each store the coordinator lists the stored table chunks
+// (STREAM.INFO) and purges superseded ones. An agent's head watch is one
+// ordered consumer, created once per connection and kept until the
+// connection drops; its reread every 5 s and the election's polls
+// (every ElectionConfig.Poll) are direct gets, which the server does not
+// count as API requests — at most Δ/Poll + Δ/5 s + 1 per agent per Δ.
+//
 // # Concurrency
 //
 // Transport, Members and an Election are safe for concurrent use. A Loop's Control

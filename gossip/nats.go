@@ -884,7 +884,7 @@ func (t *Transport) WatchTables(ctx context.Context, fn func(head []byte, rev ui
 	}
 	for ctx.Err() == nil {
 		reconnected := t.reconnectSignal()
-		w, err := t.watchHead(ctx, key, reconnected)
+		w, end, err := t.watchHead(ctx, key, reconnected)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -906,6 +906,7 @@ func (t *Transport) WatchTables(ctx context.Context, fn func(head []byte, rev ui
 		}
 		t.follow(ctx, w, reconnected, hw.Up(nowMicros()), &hw.WatchTimer, deliver)
 		stopWatch(w)
+		end()
 	}
 	if t.isClosed() {
 		return ErrClosed
@@ -938,16 +939,54 @@ func cancelOn(ctx context.Context, done <-chan struct{}) (context.Context, conte
 	return ctx, cancel
 }
 
-// watchHead creates the KV watch of key. The consumer-creation request is
-// abandoned after watchSetup, or as soon as the connection reconnects: a
-// request written just before a disconnect is lost, and waiting out the
-// timeout would only delay the retry.
-func (t *Transport) watchHead(ctx context.Context, key string, reconnected <-chan struct{}) (jetstream.KeyWatcher, error) {
-	ctx, cancel := cancelOn(ctx, reconnected)
-	defer cancel()
-	ctx, stop := context.WithTimeout(ctx, watchSetup)
-	defer stop()
-	return t.kv.Watch(ctx, key)
+// watchHead creates the KV watch of key and returns it with the function
+// that ends it. The consumer-creation request is abandoned after
+// watchSetup, or as soon as the connection reconnects: a request written
+// just before a disconnect is lost, and waiting out the timeout would only
+// delay the retry.
+//
+// The context kv.Watch is given is the watch's whole life, not only its
+// creation's: nats.go unsubscribes the watch's ordered consumer when that
+// context ends. Bounding it with the creation timeout (or cancelling it
+// when watchHead returned) ended every watch at once, and WatchTables
+// re-created it in a loop — hundreds of JetStream API requests per agent
+// per Δ on an idle cluster (issue 17, defect 1). So the creation is
+// bounded by a timer beside it, and the context lives until the caller
+// ends the watch.
+func (t *Transport) watchHead(ctx context.Context, key string, reconnected <-chan struct{}) (jetstream.KeyWatcher, context.CancelFunc, error) {
+	wctx, end := context.WithCancel(ctx)
+	type result struct {
+		w   jetstream.KeyWatcher
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		w, err := t.kv.Watch(wctx, key)
+		done <- result{w, err}
+	}()
+	setup := time.NewTimer(watchSetup)
+	defer setup.Stop()
+	var why error
+	select {
+	case r := <-done:
+		if r.err != nil {
+			end()
+			return nil, nil, r.err
+		}
+		return r.w, end, nil
+	case <-setup.C:
+		why = fmt.Errorf("creating the watch: no answer within %v", watchSetup)
+	case <-reconnected:
+		why = errors.New("creating the watch: the connection reconnected")
+	}
+	end() // abandons the request in flight
+	if r := <-done; r.w != nil {
+		stopWatch(r.w) // created just as it was abandoned
+	}
+	if ctx.Err() != nil {
+		return nil, nil, ctx.Err()
+	}
+	return nil, nil, why
 }
 
 // follow delivers a watch's entries until ctx ends, the KV connection

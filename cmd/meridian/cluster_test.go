@@ -21,6 +21,7 @@ import (
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -786,4 +787,76 @@ func TestClusterRefusesForgedAndReplayedTables(t *testing.T) {
 		return counter(t, eu.reg, "meridian_cluster_tables_total", map[string]string{"result": "stale"}) > stale
 	})
 	c.log.check(t)
+}
+
+// idleAPIPerAgentΔ is the idle bound gossip's package documentation
+// states: JetStream API requests (nats-server's own count) per agent per Δ.
+// An idle cluster makes about one per Δ in all — the coordinator lists the
+// stored table chunks (STREAM.INFO) after each store to purge superseded
+// ones — and the agents none: their head watches are ordered consumers
+// made once per connection.
+const idleAPIPerAgentΔ = 1.0
+
+// TestClusterIdleJetStreamAPI is issue 17's defect 1: an idle cluster must
+// not spin its table watches. It reads the embedded server's own count of
+// JetStream API requests over a window of idle coordination and divides
+// it by the tables the agents applied in that window (one per agent per
+// Δ: a count of work done, so a slow machine makes fewer requests, not
+// more per table). It bounds the direct gets too (the election's polls
+// and the head rereads, which nats-server does not count as API
+// requests): per agent per Δ at most Δ/poll + Δ/5 s + 1 (the leader's
+// renewal reads). Fails on 75da260: watchHead handed kv.Watch a context
+// it cancelled on return, nats.go stopped the watch with it, and each
+// agent re-created it in a loop — 696 API requests per agent per Δ.
+func TestClusterIdleJetStreamAPI(t *testing.T) {
+	c := newTCluster(t)
+	c.startAll()
+	c.leader(10*time.Second, "")
+	applied := func() int {
+		n := 0
+		for _, a := range c.agents {
+			n += a.tables()
+		}
+		return n
+	}
+	waitFor(t, 15*time.Second, "every agent on a table", func() bool {
+		for _, a := range c.agents {
+			if !a.node.Table().HasTable {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(tLease) // past the term's start-up (its head reads, the first consumers)
+	nc, err := nats.Connect(c.nats.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var gets atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.DIRECT.GET.>", func(*nats.Msg) { gets.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	api0, _ := c.nats.JetStreamAPI()
+	t0 := applied()
+	start := time.Now()
+	waitFor(t, 60*time.Second, "30 more tables applied", func() bool { return applied() >= t0+30 })
+	api1, errs := c.nats.JetStreamAPI()
+	tables := applied() - t0
+	perTable := float64(api1-api0) / float64(tables)
+	getsPer := float64(gets.Load()) / float64(tables)
+	getsBound := float64(tΔ)/float64(tTTL/6) + float64(tΔ)/float64(5*time.Second) + 1
+	t.Logf("idle: %d JetStream API requests (%d errors since start) and %d direct gets for %d tables applied in %s: %.2f and %.2f per agent per Δ",
+		api1-api0, errs, gets.Load(), tables, time.Since(start).Round(time.Millisecond), perTable, getsPer)
+	if perTable > idleAPIPerAgentΔ {
+		t.Errorf("idle cluster: %.2f JetStream API requests per agent per Δ, want at most %v", perTable, idleAPIPerAgentΔ)
+	}
+	if getsPer > getsBound {
+		t.Errorf("idle cluster: %.2f direct gets per agent per Δ, want at most %.2f", getsPer, getsBound)
+	}
 }

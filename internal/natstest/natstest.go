@@ -207,3 +207,24 @@ func UniqueName(prefix string) string {
 	}
 	return prefix + hex.EncodeToString(b[:])
 }
+
+// JetStreamAPI returns the server's own count of JetStream API requests
+// since it started (the "api.total" of its /jsz monitoring endpoint) and
+// of those that got an error response. A server that is down reports the
+// test's failure.
+func (s *Server) JetStreamAPI() (total, errs uint64) {
+	s.t.Helper()
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	if srv == nil {
+		s.t.Fatal("natstest: JetStreamAPI: the server is down")
+		return 0, 0
+	}
+	info, err := srv.Jsz(&server.JSzOptions{})
+	if err != nil {
+		s.t.Fatalf("natstest: jsz: %v", err)
+		return 0, 0
+	}
+	return info.API.Total, info.API.Errors
+}
