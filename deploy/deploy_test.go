@@ -1224,6 +1224,18 @@ func TestKubernetes(t *testing.T) {
 	if got := fmt.Sprint(dig(ctr, "livenessProbe", "httpGet", "path")); got != "/healthz" {
 		t.Errorf("liveness probe %s, want /healthz", got)
 	}
+	// Termination (issue 17, defect 9): a preStop sleep, then the agent's
+	// drain_delay, then in-flight requests and the last report, all within
+	// the grace period.
+	preStop, _ := dig(ctr, "lifecycle", "preStop", "sleep", "seconds").(int)
+	grace, _ := dig(sts, "spec", "template", "spec", "terminationGracePeriodSeconds").(int)
+	drain := agent.DefaultConfig().DrainDelay.D()
+	if preStop < 1 {
+		t.Errorf("the agent container has no preStop sleep (lifecycle.preStop.sleep.seconds %v)", dig(ctr, "lifecycle"))
+	}
+	if need := time.Duration(preStop)*time.Second + drain + 10*time.Second; time.Duration(grace)*time.Second < need {
+		t.Errorf("terminationGracePeriodSeconds %d: below the preStop sleep (%ds) + drain_delay (%s) + 10 s for in-flight requests and the last report", grace, preStop, drain)
+	}
 	if dig(sts, "spec", "template", "spec", "securityContext", "runAsNonRoot") != true || dig(ctr, "securityContext", "readOnlyRootFilesystem") != true {
 		t.Errorf("the agent must run non-root on a read-only root filesystem")
 	}

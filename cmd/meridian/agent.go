@@ -200,6 +200,26 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	log.Info("agent serving", "config", from, "region", cfg.Region, "agent", cfg.Agent, "grpc", cfg.GRPC, "http", cfg.HTTP,
 		"policy", policy.Version(), "cluster", cfg.Cluster.Name, "redis", cfg.Redis.Kind(), "redis_addrs", strings.Join(cfg.Redis.Addresses(), ","))
+	// The first SIGTERM or interrupt ends ctx (main): the agent drains,
+	// not ready for drain_delay. A second one ends the wait.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	served := make(chan struct{})
+	defer close(served)
+	go func() {
+		for n := 0; ; {
+			select {
+			case <-served:
+				return
+			case <-sigs:
+				if n++; n == 2 {
+					log.Info("second signal: closing the listeners now")
+					a.EndDrain()
+				}
+			}
+		}
+	}()
 	return serveWithCluster(ctx, a, cl, func(ctx context.Context) error { return a.Run(ctx, gl, hl) })
 }
 

@@ -22,6 +22,9 @@ func runAgentFiles(t *testing.T, files map[string]string) *testenv.Buffer {
 	t.Helper()
 	dir := t.TempDir()
 	for name, text := range files {
+		if name == "agent.yaml" {
+			text += "drain_delay: 0s\n" // stopped at once when the test ends
+		}
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}

@@ -244,6 +244,7 @@ func (c *tCluster) config(regionName string) *agent.Config {
 	cfg.Region, cfg.Agent, cfg.Regions = regionName, regionName+"-1", tNames
 	cfg.Policy, cfg.GRPC, cfg.HTTP, cfg.ReloadEvery = filepath.Join(c.dir, "policy.yaml"), "127.0.0.1:0", "", 0 // listeners: none are opened (Run gets nil)
 	cfg.Interval = agent.Duration(c.interval)
+	cfg.DrainDelay = 0 // stopped and crashed at once
 	url := c.nats.URL()
 	if u, ok := c.urls[regionName]; ok {
 		url = u

@@ -360,6 +360,7 @@ func (c *demoCluster) start(ctx context.Context, r *demoRegion) error {
 	// Listeners: none are opened (Run gets nil); the traffic calls the
 	// agent's RLS handler in-process.
 	acfg.Policy, acfg.GRPC, acfg.HTTP, acfg.ReloadEvery = "(demo)", "127.0.0.1:0", "", 0
+	acfg.DrainDelay = 0 // no load balancer to drain: a killed region stops at once
 	acfg.Interval = agent.Duration(c.o.interval)
 	// The cluster's settings, for the node and the coordinator; the demo
 	// wires the link itself (embedded NATS, generated keys).

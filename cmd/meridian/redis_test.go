@@ -65,7 +65,7 @@ func (f *redisFixture) write(name, body string) string {
 // machine meets, and loads it as `meridian agent --config` does.
 func (f *redisFixture) config(fields string) *agent.Config {
 	f.t.Helper()
-	body := fmt.Sprintf("region: eu\nagent: eu-1\nregions: [eu]\npolicy: policy.yaml\ngrpc: \"\"\nhttp: 127.0.0.1:0\nredis: {%s, prefix: %q, timeout: 1s}\n", fields, f.prefix)
+	body := fmt.Sprintf("region: eu\nagent: eu-1\nregions: [eu]\npolicy: policy.yaml\ngrpc: \"\"\nhttp: 127.0.0.1:0\ndrain_delay: 0s\nredis: {%s, prefix: %q, timeout: 1s}\n", fields, f.prefix)
 	cfg, err := agent.LoadConfig(f.write("agent.yaml", body))
 	if err != nil {
 		f.t.Fatalf("config {%s}: %v", fields, err)
@@ -454,7 +454,7 @@ func TestRedisPasswordNeverShown(t *testing.T) {
 
 	agentYAML := func(redisFields string) (path, httpAddr string) {
 		httpAddr = deadAddr(t) // free a moment ago; the agent binds it
-		body := fmt.Sprintf("region: eu\nagent: eu-1\nregions: [eu]\npolicy: policy.yaml\ngrpc: \"\"\nhttp: %s\nredis: {addr: %s, %s, prefix: %q, timeout: 1s}\n",
+		body := fmt.Sprintf("region: eu\nagent: eu-1\nregions: [eu]\npolicy: policy.yaml\ngrpc: \"\"\nhttp: %s\ndrain_delay: 0s\nredis: {addr: %s, %s, prefix: %q, timeout: 1s}\n",
 			httpAddr, srv.Addr, redisFields, f.prefix)
 		return f.write("agent.yaml", body), httpAddr
 	}

@@ -110,7 +110,11 @@ type upstreamAgent struct {
 
 // startUpstreamAgent runs bin as `meridian agent` with exactly env (no
 // other variable: not even PATH or HOME) and waits until /healthcheck
-// answers; the process is stopped with SIGTERM when the test ends.
+// answers; the process is stopped when the test ends as Kubernetes stops
+// it: SIGTERM, after which /healthcheck must fail while the process still
+// serves (the drain, issue 17's defect 9: before 450c671's successor the
+// listeners closed at once), then a second SIGTERM, which ends the
+// drain's wait.
 func startUpstreamAgent(t *testing.T, bin string, env []string, httpPort, grpcPort int) *upstreamAgent {
 	t.Helper()
 	cmd := exec.Command(bin, "agent")
@@ -126,6 +130,25 @@ func startUpstreamAgent(t *testing.T, bin string, env []string, httpPort, grpcPo
 	serving := false
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
+		if serving {
+			drained := false
+			for deadline := time.Now().Add(15 * time.Second); !drained && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				select {
+				case <-exited:
+					deadline = time.Now() // gone without draining
+					continue
+				default:
+				}
+				if resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthcheck", httpPort)); err == nil {
+					resp.Body.Close()
+					drained = resp.StatusCode == http.StatusInternalServerError // upstream's failing answer
+				}
+			}
+			if !drained {
+				t.Errorf("after SIGTERM /healthcheck never failed while the agent still served (no drain)\n%s", stderr.String())
+			}
+			_ = cmd.Process.Signal(syscall.SIGTERM) // the second: ends the drain now
+		}
 		select {
 		case <-exited:
 			if serving && waitErr != nil {

@@ -59,7 +59,10 @@ type Agent struct {
 	reg    *prometheus.Registry
 	health *health.Server
 	ready  atomic.Bool
-	pool   sync.Pool // *work
+	// drainEnd is closed by EndDrain (once, endDrain).
+	drainEnd chan struct{}
+	endDrain sync.Once
+	pool     sync.Pool // *work
 	// now is the node's time: the wall clock (wall, µs since the Unix
 	// epoch) through clock, which never goes back (region.Clock).
 	now   func() int64
@@ -115,7 +118,7 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 	// when NTP corrects the host), clamped never to go back (region.Clock)
 	// for the deny cache, the reports and the local failure mode.
 	a := &Agent{cfg: cfg, node: node, log: log, reg: prometheus.NewRegistry(), health: health.NewServer(),
-		wall: func() int64 { return time.Now().UnixMicro() }, reloadCh: make(chan struct{}, 1)}
+		wall: func() int64 { return time.Now().UnixMicro() }, reloadCh: make(chan struct{}, 1), drainEnd: make(chan struct{})}
 	a.now = func() int64 { return a.clock.Now(a.wall()) }
 	tokens, err := cfg.Auth.Tokens()
 	if err != nil {
@@ -874,9 +877,15 @@ func (a *Agent) RegisterGRPC(s *grpc.Server) {
 // own goroutines as before; an idle worker costs its parked stack.
 const grpcWorkers = 256
 
+// EndDrain ends a drain's wait (Config.DrainDelay) at once: the second
+// SIGTERM or interrupt. Before Run's context ends it makes the drain skip
+// the wait.
+func (a *Agent) EndDrain() { a.endDrain.Do(func() { close(a.drainEnd) }) }
+
 // Run serves on the listeners (either may be nil) and runs the node's loop
-// until ctx ends, then drains: readiness fails, the servers stop accepting
-// and finish in-flight requests.
+// until ctx ends, then drains: readiness fails at once, the agent goes on
+// serving (and following its cluster) for Config.DrainDelay or until
+// EndDrain, then the servers stop accepting and finish in-flight requests.
 func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	errc := make(chan error, 2)
 	var gs *grpc.Server
@@ -921,11 +930,33 @@ func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 		tables = a.ctrl.Tables()
 	}
 	var ackTerm, ackEpoch uint64
+	done := ctx.Done()
+	var drained <-chan time.Time // the drain's wait; nil until it starts
+	endc, skip := (<-chan struct{})(a.drainEnd), false
 loop:
 	for {
 		select {
-		case <-ctx.Done():
+		case <-done:
+			d := a.cfg.DrainDelay.D()
+			if d <= 0 || skip {
+				break loop
+			}
+			// Readiness fails first; requests keep being answered while
+			// the endpoints' removal reaches the callers.
+			a.ready.Store(false)
+			a.health.Shutdown()
+			a.log.Info("draining: not ready, closing the listeners after drain_delay (a second signal closes them now)", "drain_delay", d)
+			dt := time.NewTimer(d)
+			defer dt.Stop()
+			done, drained = nil, dt.C
+		case <-drained:
 			break loop
+		case <-endc:
+			if done == nil {
+				break loop
+			}
+			// Before the context ended: the drain will not wait.
+			endc, skip = nil, true
 		case t := <-tables:
 			aerr := a.node.Apply(t, a.now())
 			if aerr == nil {

@@ -73,6 +73,7 @@ func startOn(t *testing.T, node *region.Node, edit func(*Config)) (*Agent, rlsv3
 		t.Fatal(err)
 	}
 	cfg.ReloadEvery = 0 // the tests reload explicitly
+	cfg.DrainDelay = 0  // the tests stop agents at once (TestDrainDelay drains)
 	if edit != nil {
 		edit(&cfg)
 	}

@@ -23,6 +23,7 @@ func TestAgentClockFollowsTheWallClock(t *testing.T) {
 	}
 	node := regiontest.Node(t, testPolicy, ms)
 	cfg := DefaultConfig()
+	cfg.DrainDelay = 0 // stopped at once
 	cfg.Region, cfg.Agent, cfg.Regions = "eu", "eu-1", []string{"eu"}
 	cfg.Policy = filepath.Join(t.TempDir(), "policy.yaml")
 	a, err := New(cfg, node, nil)

@@ -52,6 +52,7 @@ func TestClusterSlotsAtLoad(t *testing.T) {
 		}
 		// The agent's configuration says so too, at start and at reload.
 		cfg := DefaultConfig()
+		cfg.DrainDelay = 0 // stopped at once
 		cfg.Region, cfg.Agent, cfg.Regions, cfg.ReloadEvery = "eu", "eu-1", []string{"eu"}, 0
 		cfg.Redis.Type, cfg.Redis.Addrs = RedisCluster, cl.Addrs
 		cfg.Policy = filepath.Join(t.TempDir(), "policy.yaml")

@@ -91,7 +91,18 @@ type Config struct {
 	// the fence is all that separates a cut share from the increase it
 	// pays for (ARCHITECTURE.md invariant 4).
 	ReserveMaxWait Duration `yaml:"reserve_max_wait"`
+	// DrainDelay is how long the agent keeps serving after SIGTERM (or its
+	// Run's context ending) with readiness failing — /readyz 503, the gRPC
+	// health service NOT_SERVING — before it closes its listeners, so that
+	// load balancers and gateways stop sending it requests before it stops
+	// answering them. A second SIGTERM or interrupt ends the wait. 0: close
+	// at once.
+	DrainDelay Duration `yaml:"drain_delay"`
 }
+
+// maxDrainDelay bounds DrainDelay: the wait must end well inside any
+// termination grace period.
+const maxDrainDelay = 5 * time.Minute
 
 // AuthConfig lists the bearer tokens callers must present
 // ("authorization: Bearer <token>" on gRPC metadata and HTTP; the scheme
@@ -121,6 +132,10 @@ func DefaultConfig() Config {
 		// The coordinator's default fence: the longest a booking may wait
 		// and still act before an increase it could overlap.
 		ReserveMaxWait: Duration(rebalance.DefaultConfig().Fence),
+		// Long enough for an endpoint removal to reach the gateways (a
+		// few seconds in Kubernetes), short against the default 30 s
+		// termination grace period.
+		DrainDelay: Duration(5 * time.Second),
 		Redis: RedisConfig{
 			// Type single at DefaultRedisAddr: an empty Type and Addr mean
 			// that, so a file that names a cluster or sentinel need not
@@ -264,6 +279,9 @@ func (c *Config) validate(loaded bool) error {
 	}
 	if c.ReloadEvery < 0 {
 		bad("reload_every", "%s: must not be negative", time.Duration(c.ReloadEvery))
+	}
+	if d := c.DrainDelay.D(); d < 0 || d > maxDrainDelay {
+		bad("drain_delay", "%s: must be in [0s, %s]", d, maxDrainDelay)
 	}
 	if w := c.ReserveMaxWait.D(); w < 0 || w > maxReserveWait {
 		bad("reserve_max_wait", "%s: must be in [0s, %s]", w, maxReserveWait)

@@ -45,6 +45,7 @@ descriptors:
 	}
 	node := regiontest.Node(t, policy, ms)
 	cfg := DefaultConfig()
+	cfg.DrainDelay = 0 // stopped at once
 	cfg.Region, cfg.Agent, cfg.Regions = "eu", "eu-1", []string{"eu"}
 	cfg.Policy = filepath.Join(t.TempDir(), "policy.yaml")
 	cfg.ResponseHeaders = true
@@ -118,6 +119,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
+	cfg.DrainDelay = 0 // stopped at once
 	cfg.Region, cfg.Agent, cfg.Regions = "eu", "eu-1", []string{"eu"}
 	cfg.Policy = filepath.Join(t.TempDir(), "policy.yaml")
 	a, err := New(cfg, regiontest.Node(t, policy, ms), nil)

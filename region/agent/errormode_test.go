@@ -42,6 +42,7 @@ domains:
 func TestFailureModeErrorOnBothProtocols(t *testing.T) {
 	srv, _, br, pol := pausableStore(t, errorModePolicy)
 	cfg := DefaultConfig()
+	cfg.DrainDelay = 0 // stopped at once
 	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy, cfg.ReloadEvery = "eu", "eu-1", []string{"eu"}, "unused", 0
 	node, err := region.NewNode(cfg.NodeConfig(), pol, br)
 	if err != nil {

@@ -81,6 +81,7 @@ func TestRedisFailureModesAndBreaker(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
+	cfg.DrainDelay = 0 // stopped at once
 	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy, cfg.ReloadEvery = "eu", "eu-1", []string{"eu"}, "unused", 0
 	a, err := New(cfg, node, nil, br.Collectors()...)
 	if err != nil {
@@ -186,6 +187,7 @@ func TestTracingSpans(t *testing.T) {
 	br.SetTracerProvider(tp)
 	node := regiontest.Node(t, testPolicy, br)
 	cfg := DefaultConfig()
+	cfg.DrainDelay = 0 // stopped at once
 	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy, cfg.ReloadEvery = "eu", "eu-1", []string{"eu"}, "unused", 0
 	a, err := New(cfg, node, nil, br.Collectors()...)
 	if err != nil {

@@ -129,6 +129,7 @@ func TestPolicyDirectoryWatch(t *testing.T) {
 	}
 	node := regiontest.Node(t, ratePolicy(5), regiontest.RedisStore(t))
 	cfg := DefaultConfig()
+	cfg.DrainDelay = 0 // stopped at once
 	cfg.Region, cfg.Agent, cfg.Regions = "eu", "eu-1", []string{"eu"}
 	cfg.Policy = filepath.Join(root, "current", "config")
 	cfg.ReloadEvery = Duration(5 * time.Millisecond)
@@ -239,6 +240,7 @@ func TestPolicyEditedBeforeNewIsReloaded(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
+	cfg.DrainDelay = 0 // stopped at once
 	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy = "eu", "eu-1", []string{"eu"}, path
 	a, err := New(cfg, node, nil)
 	if err != nil {

@@ -106,6 +106,7 @@ func TestShareAndTableAgeMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := DefaultConfig()
+	cfg.DrainDelay = 0 // stopped at once
 	cfg.Region, cfg.Agent, cfg.Regions, cfg.Policy, cfg.ReloadEvery = "eu", "eu-1", []string{"eu", "us"}, "(test)", 0
 	cfg.Interval = Duration(ncfg.Interval)
 	a, err := New(cfg, node, nil)

@@ -44,6 +44,7 @@ func startStandalone(t *testing.T, body string) (*Agent, rlsv3.RateLimitServiceC
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.DrainDelay = 0 // stopped at once
 	pol, err := region.ParsePolicy([]byte(standalonePolicy))
 	if err != nil {
 		t.Fatal(err)
