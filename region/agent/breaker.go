@@ -119,13 +119,25 @@ var gcraInputErrors = []error{gcra.ErrInvalidLimit, gcra.ErrKeyTooLong, gcra.Err
 var errNoAnswer = errors.New("agent: the store call did not return")
 
 // notFailure reports whether a call's error says nothing about the store's
-// health: its caller gave up (the context), the store call panicked
-// (errNoAnswer), the store refused the input, or it answered about one
-// key's data (a malformed state is that key's problem; opening the
-// breaker for it would fail every other key and domain). Such errors
-// still go to the limits' failure modes.
-func notFailure(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
+// health: its caller went away (its context cancelled) or had no time
+// left when the call began (late), the store call panicked (errNoAnswer),
+// the store refused the input, or it answered about one key's data (a
+// malformed state is that key's problem; opening the breaker for it would
+// fail every other key and domain). Such errors still go to the limits'
+// failure modes.
+//
+// Which deadline fired decides a timeout: the store's own (the Redis
+// timeout) is a failure, and so is the caller's when it fired while the
+// store held the call — the store did not answer in the time the caller
+// gave it. Callers whose deadlines are shorter than the Redis timeout (a
+// gateway's 20 ms against a 1 s timeout) otherwise never open the breaker
+// in front of a hung Redis, and every decision waits out the caller's
+// deadline, whose expiry makes the gateway's own failure setting decide
+// instead of the limit's failure_mode (issue 17, defect 8). A healthy
+// store still answers most calls, and a success breaks the run of
+// failures that opens the breaker.
+func notFailure(ctx context.Context, late bool, err error) bool {
+	if cerr := ctx.Err(); cerr != nil && (late || !errors.Is(cerr, context.DeadlineExceeded)) {
 		return true
 	}
 	if err == errNoAnswer {
@@ -145,19 +157,20 @@ func notFailure(ctx context.Context, err error) bool {
 // outcome classifies a call's error for the policy: an error that says
 // nothing about the store's health (notFailure) neither opens nor closes
 // the breaker.
-func outcome(ctx context.Context, err error) region.BreakerOutcome {
+func outcome(ctx context.Context, late bool, err error) region.BreakerOutcome {
 	switch {
 	case err == nil:
 		return region.BreakerSucceeded
-	case notFailure(ctx, err):
+	case notFailure(ctx, late, err):
 		return region.BreakerIgnored
 	}
 	return region.BreakerFailed
 }
 
-// done records the outcome of a call allow let through.
-func (b *Breaker) done(ctx context.Context, probe bool, err error) {
-	o := outcome(ctx, err)
+// done records the outcome of a call allow let through; late says the
+// caller's context had ended before the call began.
+func (b *Breaker) done(ctx context.Context, probe, late bool, err error) {
+	o := outcome(ctx, late, err)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	opened, closed := b.policy.Done(b.now(), probe, o)
@@ -186,8 +199,8 @@ func (b *Breaker) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra
 	if span.IsRecording() { // unsampled decisions build no attributes
 		span.SetAttributes(attribute.Int("meridian.checks", len(checks)))
 	}
-	err := errNoAnswer
-	defer func() { b.done(ctx, probe, err) }() // even if the store panics
+	err, late := errNoAnswer, ctx.Err() != nil
+	defer func() { b.done(ctx, probe, late, err) }() // even if the store panics
 	start := time.Now()
 	r, err := b.store.DecideAll(sctx, checks, out)
 	b.latency.Observe(time.Since(start).Seconds())
@@ -209,8 +222,8 @@ func (b *Breaker) Reserve(ctx context.Context, k gcra.Key, s gcra.Schedule, cost
 	if !ok {
 		return gcra.Result{}, ErrBreakerOpen
 	}
-	err := errNoAnswer
-	defer func() { b.done(ctx, probe, err) }()
+	err, late := errNoAnswer, ctx.Err() != nil
+	defer func() { b.done(ctx, probe, late, err) }()
 	r, err := rs.Reserve(ctx, k, s, cost, maxWait)
 	return r, err
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -245,5 +246,89 @@ func TestBreakerIgnoresCancelledCallers(t *testing.T) {
 	}
 	if br.Open() {
 		t.Error("cancelled callers opened the breaker")
+	}
+}
+
+// hangStore holds each call until its caller's context ends.
+type hangStore struct{}
+
+func (hangStore) DecideAll(ctx context.Context, _ []gcra.Check, _ []gcra.Result) (gcra.Result, error) {
+	<-ctx.Done()
+	return gcra.Result{}, ctx.Err()
+}
+
+// TestBreakerOpensOnCallerDeadlines is issue 17's defect 8: a hung Redis
+// (a private redis-server, SIGSTOPped) behind a Redis timeout longer than
+// the callers' deadlines (1 s against a gateway's 20 ms) yields only the
+// callers' deadline errors; those fired while Redis held the calls, so
+// they count as failures and the breaker opens — the limits' failure
+// modes decide at once instead of every call waiting out its caller's
+// deadline. A caller that goes away (cancelled) or arrives with no time
+// left still says nothing about the store. Fails on 3747a7b, where every
+// error with the caller's context done was ignored and the breaker never
+// opened.
+func TestBreakerOpensOnCallerDeadlines(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	scfg := redisstore.DefaultConfig()
+	scfg.Timeout = time.Second // longer than the callers' deadlines
+	store, err := redisstore.New(c, scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := NewBreaker(BreakerConfig{Failures: 3, Cooldown: Duration(time.Minute)}, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []gcra.Check{{Key: gcra.Key{Name: "breaker:deadline"}, Schedule: gcra.Steady(gcra.PerSecond(10, 10)), Cost: 1}}
+	out := make([]gcra.Result, 1)
+	call := func(ctx context.Context) error {
+		_, err := br.DecideAll(ctx, checks, out)
+		return err
+	}
+	if err := call(context.Background()); err != nil {
+		t.Fatalf("healthy Redis: %v", err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	for i := range 3 {
+		if br.Open() {
+			t.Fatalf("open after %d failures, want 3", i)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		err := call(ctx)
+		cancel()
+		if err == nil {
+			t.Fatal("a paused Redis answered")
+		}
+	}
+	if !br.Open() {
+		t.Fatal("three calls timed out by their callers' deadlines in a hung Redis, and the breaker stayed closed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := call(ctx); !errors.Is(err, ErrBreakerOpen) {
+		t.Errorf("open breaker: %v, want ErrBreakerOpen at once", err)
+	}
+
+	// Callers that go away mid-call, or come with no time left, do not
+	// open it.
+	hb, err := NewBreaker(BreakerConfig{Failures: 2, Cooldown: Duration(time.Minute)}, hangStore{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { time.Sleep(time.Millisecond); cancel() }()
+		_, _ = hb.DecideAll(ctx, nil, nil)
+		late, lcancel := context.WithTimeout(context.Background(), -time.Second)
+		_, _ = hb.DecideAll(late, nil, nil)
+		lcancel()
+	}
+	if hb.Open() {
+		t.Error("cancelled and late callers opened the breaker")
 	}
 }
