@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/meridian-quota/meridian/gcra/redisstore"
 	"github.com/meridian-quota/meridian/region"
 	"github.com/meridian-quota/meridian/region/agent"
 )
@@ -114,10 +115,13 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	a, err := agent.New(*cfg, node, log, br.Collectors()...)
+	stateLost := prometheus.NewCounter(prometheus.CounterOpts{Name: "meridian_redis_state_lost_total",
+		Help: "Times the region's Redis (a Cluster master) was found to have lost Meridian's keys — restarted without persistence, failed over to a replica that had not caught up, flushed — re-granting every key's burst."})
+	a, err := agent.New(*cfg, node, log, append(br.Collectors(), stateLost)...)
 	if err != nil {
 		return err
 	}
+	go watchRedisState(ctx, store, stateLost, log)
 	a.SetStoreCheck(func(ctx context.Context) error { return client.Ping(ctx).Err() })
 	if env != nil {
 		a.SetHealthcheckStore(env.HealthcheckStore)
@@ -273,4 +277,30 @@ func serveEnvListeners(env *agent.EnvConfig, reg *prometheus.Registry, log *slog
 		}
 	}
 	return stop, nil
+}
+
+// watchRedisState checks every second that the region's Redis still holds
+// Meridian's state (redisstore.Store.CheckState), and counts and logs each
+// loss: every key on a server that lost its data has its whole burst
+// again, which no decision can tell.
+func watchRedisState(ctx context.Context, store *redisstore.Store, lost prometheus.Counter, log *slog.Logger) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		n, err := store.CheckState(cctx)
+		cancel()
+		if n > 0 {
+			lost.Add(float64(n))
+			log.Warn("Redis lost Meridian's state: every key on it starts again with its whole burst (restart without persistence, failover to a replica that had not caught up, or a flush)", "servers", n)
+		}
+		if err != nil && ctx.Err() == nil {
+			log.Debug("redis state check", "err", err)
+		}
+	}
 }

@@ -67,6 +67,34 @@ func TestCluster(t *testing.T) {
 		return ""
 	}
 
+	// CheckState (issue 17, defect 10): each master holds a marker, and
+	// losing one master's data is one loss.
+	t.Run("state markers", func(t *testing.T) {
+		s := newStore(t)
+		keys, err := s.markerKeys(ctx)
+		if err != nil || len(keys) != 3 {
+			t.Fatalf("marker keys %v, %v; want one per master", keys, err)
+		}
+		if n, err := s.CheckState(ctx); n != 0 || err != nil {
+			t.Fatalf("first check: %d, %v", n, err)
+		}
+		seen := map[string]bool{}
+		for _, k := range keys {
+			seen[owner(keySlot(k))] = true
+		}
+		if len(seen) != 3 {
+			t.Fatalf("markers %v on %d masters, want 3", keys, len(seen))
+		}
+		if err := cc.Del(ctx, keys[0]).Err(); err != nil { // as a flush of its master would
+			t.Fatal(err)
+		}
+		if n, err := s.CheckState(ctx); n != 1 || err != nil {
+			t.Errorf("after one master lost its data: %d, %v; want 1", n, err)
+		}
+		if n, err := s.CheckState(ctx); n != 0 || err != nil {
+			t.Errorf("the check after: %d, %v; want 0", n, err)
+		}
+	})
 	t.Run("keySlot agrees with CLUSTER KEYSLOT", func(t *testing.T) {
 		s := newStore(t)
 		seed := uint64(time.Now().UnixNano())

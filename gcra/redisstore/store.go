@@ -191,6 +191,8 @@ type Store struct {
 	format  string // ARGV[3]: "" writes a Value, "1" the packed integer
 	testNow string // test only: "now" passed to the script instead of TIME
 	script  *redis.Script
+	markers stateMarkers          // CheckState's
+	uc      redis.UniversalClient // CheckState's SET NX and CLUSTER SLOTS
 }
 
 var _ gcra.Store = (*Store)(nil)
@@ -209,7 +211,7 @@ func New(c redis.UniversalClient, cfg Config) (*Store, error) {
 		return nil, errors.New("redisstore: redis.Ring is not supported (use a single node, Sentinel or Cluster client)")
 	}
 	_, cluster := c.(*redis.ClusterClient)
-	s := &Store{c: c, cfg: cfg, cluster: cluster, sem: make(chan struct{}, cfg.MaxInFlight), script: script}
+	s := &Store{c: c, uc: c, cfg: cfg, cluster: cluster, sem: make(chan struct{}, cfg.MaxInFlight), script: script}
 	if cfg.WriteFormat == FormatPacked {
 		s.format = "1"
 	}
