@@ -322,8 +322,14 @@ func (n *Node) schedule(s *snapshot, rule *Rule, name string) gcra.Schedule {
 }
 
 // scheduleRow is the schedule of a global key whose table row is r (nil:
-// the table does not name it).
+// the table does not name it), capped at the safe share after a store
+// state loss (StateLost).
 func (n *Node) scheduleRow(rule *Rule, r *row) gcra.Schedule {
+	return n.capLost(rule, n.rowSchedule(rule, r))
+}
+
+// rowSchedule is scheduleRow before the state-loss cap.
+func (n *Node) rowSchedule(rule *Rule, r *row) gcra.Schedule {
 	if r == nil {
 		return gcra.Schedule{Current: gcra.Version{Limit: SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions)), Epoch: coldEpoch}}
 	}

@@ -192,6 +192,7 @@ type Stats struct {
 	Overflow       int64 // checks on keys beyond MaxKeys (decided, not reported)
 	Reduced        int64 // checks run at the safe share for a policy mismatch
 	Regressions    int64 // table rows whose key version went backwards (kept)
+	StateLost      int64 // store state losses reported (StateLost)
 	DenyCacheHits  int64 // requests denied from the deny cache, without a store call
 	LeaseHits      int64 // requests served from a local lease, without a store call
 	LeaseTakes     int64 // leases taken (one store call each)
@@ -228,6 +229,10 @@ type Node struct {
 	started     bool
 	leaseExpiry atomic.Int64 // read by Reserve on the hot path
 	regressions atomic.Int64
+	// lost is the conservative mode after a store state loss (StateLost;
+	// nil: none); stateLost counts the losses.
+	lost      atomic.Pointer[lostState]
+	stateLost atomic.Int64
 }
 
 // snapshot is what the hot path reads: immutable once published.
@@ -334,7 +339,7 @@ func (n *Node) Stats() Stats {
 	return Stats{
 		Decisions: n.decisions.Load(), Peeks: n.peeks.Load(), StoreErrors: n.storeErrors.Load(),
 		FallbackOpen: n.fbOpen.Load(), FallbackClosed: n.fbClosed.Load(), FallbackLocal: n.fbLocal.Load(), FallbackError: n.fbError.Load(),
-		ShadowDenied: n.shadowDenied.Load(), Overflow: n.overflow.Load(), Reduced: n.reduced.Load(),
+		ShadowDenied: n.shadowDenied.Load(), Overflow: n.overflow.Load(), Reduced: n.reduced.Load(), StateLost: n.stateLost.Load(),
 		Regressions: n.regressions.Load(), DenyCacheHits: n.denyHits.Load(),
 		LeaseHits: n.leaseHits.Load(), LeaseTakes: n.leaseTakes.Load(), LeaseStranded: n.leaseStranded.Load(),
 	}

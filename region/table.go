@@ -405,6 +405,7 @@ func (n *Node) inForce(s *snapshot, now int64) (term, epoch uint64) {
 // zero and their local state rested). Tick runs on one goroutine.
 func (n *Node) Tick(now int64) *rebalance.Report {
 	n.lapseIfDue(now)
+	n.tickLost(now)
 	s := n.snap.Load()
 	idx := now / n.cfg.Interval.Microseconds()
 	if !n.started {

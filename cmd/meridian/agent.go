@@ -121,7 +121,11 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	go watchRedisState(ctx, store, stateLost, log)
+	var onLoss func()
+	if cfg.Redis.OnStateLoss == "conservative" {
+		onLoss = func() { node.StateLost(a.Now()) }
+	}
+	go watchRedisState(ctx, store, stateLost, onLoss, log)
 	a.SetStoreCheck(func(ctx context.Context) error { return client.Ping(ctx).Err() })
 	if env != nil {
 		a.SetHealthcheckStore(env.HealthcheckStore)
@@ -281,9 +285,10 @@ func serveEnvListeners(env *agent.EnvConfig, reg *prometheus.Registry, log *slog
 
 // watchRedisState checks every second that the region's Redis still holds
 // Meridian's state (redisstore.Store.CheckState), and counts and logs each
-// loss: every key on a server that lost its data has its whole burst
-// again, which no decision can tell.
-func watchRedisState(ctx context.Context, store *redisstore.Store, lost prometheus.Counter, log *slog.Logger) {
+// loss — every key on a server that lost its data has its whole burst
+// again, which no decision can tell — and calls onLoss (nil: none; the
+// conservative mode, redis.on_state_loss).
+func watchRedisState(ctx context.Context, store *redisstore.Store, lost prometheus.Counter, onLoss func(), log *slog.Logger) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -297,7 +302,11 @@ func watchRedisState(ctx context.Context, store *redisstore.Store, lost promethe
 		cancel()
 		if n > 0 {
 			lost.Add(float64(n))
-			log.Warn("Redis lost Meridian's state: every key on it starts again with its whole burst (restart without persistence, failover to a replica that had not caught up, or a flush)", "servers", n)
+			log.Warn("Redis lost Meridian's state: every key on it starts again with its whole burst (restart without persistence, failover to a replica that had not caught up, or a flush)",
+				"servers", n, "conservative", onLoss != nil)
+			if onLoss != nil {
+				onLoss()
+			}
 		}
 		if err != nil && ctx.Err() == nil {
 			log.Debug("redis state check", "err", err)

@@ -877,6 +877,10 @@ func (a *Agent) RegisterGRPC(s *grpc.Server) {
 // own goroutines as before; an idle worker costs its parked stack.
 const grpcWorkers = 256
 
+// Now is the node's time, µs: the wall clock, never going back — the
+// clock the agent ticks and decides with.
+func (a *Agent) Now() int64 { return a.now() }
+
 // EndDrain ends a drain's wait (Config.DrainDelay) at once: the second
 // SIGTERM or interrupt. Before Run's context ends it makes the drain skip
 // the wait.

@@ -151,6 +151,9 @@ func DefaultConfig() Config {
 			// The exact state; "packed" only while agents of an older
 			// release share the Redis.
 			WriteFormat: "value",
+			// A state loss is counted and alerted on; running every key at
+			// the safe share for a burst window is the operator's choice.
+			OnStateLoss: "count",
 		},
 	}
 }
@@ -261,6 +264,9 @@ func (c *Config) validate(loaded bool) error {
 	}
 	if f := c.Redis.WriteFormat; f != "value" && f != "packed" {
 		bad("redis.write_format", "%q: want value or packed", f)
+	}
+	if m := c.Redis.OnStateLoss; m != "" && m != "count" && m != "conservative" {
+		bad("redis.on_state_loss", "%q: want count or conservative", m)
 	}
 	if iv := time.Duration(c.Interval); iv < 100*time.Millisecond || iv > 10*time.Minute {
 		bad("interval", "%s: must be in [100ms, 10m]", iv)

@@ -100,6 +100,15 @@ type RedisConfig struct {
 	// state) or "packed" (the integer of releases before it, for the first
 	// step of a rolling upgrade from one; see the README's upgrade notes).
 	WriteFormat string `yaml:"write_format"`
+	// OnStateLoss is what the agent does when it finds that Redis lost
+	// Meridian's keys (a restart without persistence, a failover to a
+	// replica that had not caught up, a flush: redisstore.Store.CheckState,
+	// every second): "count" (the default, also when empty: count it in meridian_redis_state_lost_total
+	// and log it) or "conservative" (also run every global key at
+	// min(share, safe share) until one burst window of its limit has
+	// passed: region.Node.StateLost), trading admission for not
+	// re-granting a region's whole share of every burst at once.
+	OnStateLoss string `yaml:"on_state_loss"`
 }
 
 // Kind is the connection type in force: Type, or cluster when the
