@@ -17,22 +17,9 @@ import (
 // decisions after a resume ran the old share — the explorer's region-return
 // schedules put Σ in force at 1,042,627 ppm.
 func TestDecisionLapsesAPassedLease(t *testing.T) {
-	pol, err := ParsePolicy([]byte("domains:\n  - domain: api\n    descriptors:\n      - key: tenant\n        rate_limit: {unit: second, requests_per_unit: 1000, burst: 100}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig("eu", "eu-1", "eu", "us", "ap")
+	pol, cfg, n, clock := clockedNode(t, "domains:\n  - domain: api\n    descriptors:\n      - key: tenant\n        rate_limit: {unit: second, requests_per_unit: 1000, burst: 100}\n")
 	const s = int64(time.Second / time.Microsecond)
-	now := int64(1_000) * s
-	clock := now
-	store, err := memstore.New(memstore.Config{Clock: func() int64 { return clock }, Shards: 1, MaxKeys: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := NewNode(cfg, pol, store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	now := *clock
 	req := &Request{Domain: "api", Descriptors: []Descriptor{{Entries: []Entry{{Key: "tenant", Value: "acme"}}}}}
 	key := KeyName("api", req.Descriptors[0].Entries)
 	rule := pol.Match("api", req.Descriptors[0].Entries)
@@ -46,7 +33,7 @@ func TestDecisionLapsesAPassedLease(t *testing.T) {
 	held := share()
 	// Frozen: no Tick; the next call comes after the lease.
 	after := now + 31*s
-	clock = after
+	*clock = after
 	var d Decision
 	if err := n.Decide(context.Background(), after, req, &d); err != nil {
 		t.Fatal(err)
@@ -59,4 +46,26 @@ func TestDecisionLapsesAPassedLease(t *testing.T) {
 	if st := n.Table(); !st.Lapsed {
 		t.Errorf("table state %+v: want lapsed", st)
 	}
+}
+
+// clockedNode is eu-1 of three regions (eu, us, ap) under policy src, on
+// a memstore whose clock the test sets (µs; it starts at 1,000 s).
+func clockedNode(t *testing.T, src string) (*Policy, Config, *Node, *int64) {
+	t.Helper()
+	pol, err := ParsePolicy([]byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig("eu", "eu-1", "eu", "us", "ap")
+	clock := new(int64)
+	*clock = 1_000 * int64(time.Second/time.Microsecond)
+	store, err := memstore.New(memstore.Config{Clock: func() int64 { return *clock }, Shards: 1, MaxKeys: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := NewNode(cfg, pol, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pol, cfg, n, clock
 }

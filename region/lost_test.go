@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
-	"github.com/meridian-quota/meridian/gcra/memstore"
 	"github.com/meridian-quota/meridian/rebalance"
 )
 
@@ -18,29 +17,16 @@ import (
 // on edda97d, which had no such mode (a flushed store granted the region's
 // whole share's burst at once).
 func TestStateLostRunsTheSafeShareForABurstWindow(t *testing.T) {
-	pol, err := ParsePolicy([]byte(`domains:
+	pol, cfg, n, clock := clockedNode(t, `domains:
   - domain: api
     descriptors:
       - key: tenant
         rate_limit: {unit: second, requests_per_unit: 100, burst: 100}
       - key: daily
         rate_limit: {unit: day, requests_per_unit: 86400, burst: 1000}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig("eu", "eu-1", "eu", "us", "ap")
+`)
 	const s = int64(time.Second / time.Microsecond)
-	now := int64(1_000) * s
-	clock := now
-	store, err := memstore.New(memstore.Config{Clock: func() int64 { return clock }, Shards: 1, MaxKeys: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := NewNode(cfg, pol, store)
-	if err != nil {
-		t.Fatal(err)
-	}
+	now := *clock
 	tenant := &Request{Domain: "api", Cost: 1, Descriptors: []Descriptor{{Entries: []Entry{{Key: "tenant", Value: "acme"}}}}}
 	daily := &Request{Domain: "api", Cost: 1, Descriptors: []Descriptor{{Entries: []Entry{{Key: "daily", Value: "acme"}}}}}
 	tKey, dKey := KeyName("api", tenant.Descriptors[0].Entries), KeyName("api", daily.Descriptors[0].Entries)
@@ -74,7 +60,7 @@ func TestStateLostRunsTheSafeShareForABurstWindow(t *testing.T) {
 	ctx := context.Background()
 	preparedBurst := func() int {
 		return burst(func() bool {
-			d, err := n.DecidePrepared(ctx, clock, p, 1)
+			d, err := n.DecidePrepared(ctx, *clock, p, 1)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -87,8 +73,8 @@ func TestStateLostRunsTheSafeShareForABurstWindow(t *testing.T) {
 
 	// The store loses its state (as a flushed Redis would: ten seconds on,
 	// the bucket is full either way) and the agent tells the node.
-	clock += 10 * s
-	n.StateLost(clock)
+	*clock += 10 * s
+	n.StateLost(*clock)
 	if got := limit(tRule, tKey); got != minLimit(share, safe) {
 		t.Errorf("after the loss: %v, want the safe share %v", got, minLimit(share, safe))
 	}
@@ -99,16 +85,16 @@ func TestStateLostRunsTheSafeShareForABurstWindow(t *testing.T) {
 		t.Errorf("Stats.StateLost %d, want 1", st.StateLost)
 	}
 	// The tenant's window (1 s) passes; the daily key's (1000 s) does not.
-	clock += 2 * s
-	n.Tick(clock)
+	*clock += 2 * s
+	n.Tick(*clock)
 	if got := limit(tRule, tKey); got != share {
 		t.Errorf("a burst window after the loss: %v, want the share %v again", got, share)
 	}
 	if got := limit(dRule, dKey); got != minLimit(dShare, dSafe) {
 		t.Errorf("the daily key within its window: %v, want the safe share %v", got, minLimit(dShare, dSafe))
 	}
-	clock += 1000 * s
-	n.Tick(clock)
+	*clock += 1000 * s
+	n.Tick(*clock)
 	if got := limit(dRule, dKey); got != dShare {
 		t.Errorf("the daily key after its window: %v, want the share %v", got, dShare)
 	}

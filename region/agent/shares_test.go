@@ -144,17 +144,7 @@ func TestShareAndTableAgeMetrics(t *testing.T) {
 			{Key: region.KeyName("api", []region.Entry{{Key: "tenant", Value: "b"}}), Budget: gcra.PerSecond(5, 3), Shares: []uint32{40_000, 960_000}, Version: 1},
 		}}
 	rec.tables <- tb
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	waitFor("the table's shares", func() bool {
+	waitUntil(t, "the table's shares", func() bool {
 		v, _ := gauge(t, a, "meridian_share_in_force_ppm", mean)
 		return v == 420_000
 	})
@@ -165,7 +155,7 @@ func TestShareAndTableAgeMetrics(t *testing.T) {
 		t.Errorf("table age %v s, want about 3", v)
 	}
 	// The lease ends a second after now: the keys drop to min(share, safe).
-	waitFor("the lapse", func() bool {
+	waitUntil(t, "the lapse", func() bool {
 		v, _ := gauge(t, a, "meridian_share_in_force_ppm", mean)
 		return v == (50_000+40_000)/2
 	})
