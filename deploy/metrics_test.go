@@ -820,8 +820,9 @@ func TestMetricsAlertExpressions(t *testing.T) {
 		{"MeridianForgedTables", `
   meridian_cluster_invalid_messages_total{` + a("eu-1") + `, kind="table", reason="signature"} 0x30 1x30
   meridian_cluster_invalid_messages_total{` + a("eu-1") + `, kind="table", reason="malformed"} 0+1x60
-  meridian_cluster_invalid_messages_total{` + a("us-1") + `, kind="table", reason="signature"} 0x60`,
-			[]string{"instance", "kind"}, []string{"agent-eu-1:8080 table"}},
+  meridian_cluster_invalid_messages_total{` + a("us-1") + `, kind="table", reason="signature"} 0x60
+  meridian_cluster_invalid_messages_total{` + a("us-1") + `, kind="report", reason="sender"} 0x30 1x30`,
+			[]string{"instance", "kind"}, []string{"agent-eu-1:8080 table", "agent-us-1:8080 report"}},
 		{"MeridianRedisStateLost", `
   meridian_redis_state_lost_total{` + a("eu-1") + `} 0x30 1x30
   meridian_redis_state_lost_total{` + a("us-1") + `} 0x60`,

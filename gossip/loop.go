@@ -643,6 +643,23 @@ func (l *Loop) setLeader(on bool) {
 	}
 }
 
+// inbound is a report or ack message and the sender its transport names.
+type inbound struct {
+	from protocol.Sender
+	b    []byte
+}
+
+// checkSender refuses a message that claims to come from region/agent
+// when its transport says another agent sent it (issue 17, defect 7: with
+// per-agent NATS credentials an agent can publish only on its own
+// subjects, and this makes it unable to speak for another on them).
+func checkSender(from protocol.Sender, region, agent string) error {
+	if from.Region == region && from.Agent == agent {
+		return nil
+	}
+	return fmt.Errorf("%w: %s/%s claims to be %s/%s", protocol.ErrSender, from.Region, from.Agent, region, agent)
+}
+
 // errDeposed ends a term whose table write was fenced, or whose stored
 // table's term is not below it.
 var errDeposed = protocol.ErrDeposed
@@ -654,12 +671,12 @@ var errDeposed = protocol.ErrDeposed
 // and logs what the term reports.
 func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 	log := l.log.With("term", term)
-	reports := make(chan []byte, l.cfg.Queue*4)
-	acks := make(chan []byte, l.cfg.Queue*4)
-	push := func(ch chan []byte, kind string) func([]byte) {
-		return func(b []byte) {
+	reports := make(chan inbound, l.cfg.Queue*4)
+	acks := make(chan inbound, l.cfg.Queue*4)
+	push := func(ch chan inbound, kind string) func(protocol.Sender, []byte) {
+		return func(from protocol.Sender, b []byte) {
 			select {
-			case ch <- b:
+			case ch <- inbound{from, b}:
 			default:
 				l.m.dropped.WithLabelValues(kind + "_in").Inc()
 			}
@@ -741,10 +758,14 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case b := <-reports:
+		case in := <-reports:
+			b := in.b
 			m, err := wire.Decode(l.cfg.Cluster, b, l.cfg.Limits, nil)
 			if err == nil && m.Kind != wire.KindReport {
 				err = fmt.Errorf("%w: a %v message on the report subject", wire.ErrInvalid, m.Kind)
+			}
+			if err == nil {
+				err = checkSender(in.from, m.Report.Report.Region, m.Report.Report.Agent)
 			}
 			if err != nil {
 				l.invalid("report", err)
@@ -766,10 +787,14 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 					l.m.dropped.WithLabelValues("report_in").Inc()
 				}
 			}
-		case b := <-acks:
+		case in := <-acks:
+			b := in.b
 			m, err := wire.Decode(l.cfg.Cluster, b, l.cfg.Limits, nil)
 			if err == nil && m.Kind != wire.KindAck {
 				err = fmt.Errorf("%w: a %v message on the ack subject", wire.ErrInvalid, m.Kind)
+			}
+			if err == nil {
+				err = checkSender(in.from, m.Ack.Region, m.Ack.Agent)
 			}
 			if err != nil {
 				l.invalid("ack", err)

@@ -37,7 +37,7 @@ func newLoopMetrics(reg prometheus.Registerer, regions []string) (*loopMetrics, 
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_cluster_dropped_total",
 			Help: "Control messages dropped because a bounded queue was full, by kind."}, []string{"kind"}),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_cluster_invalid_messages_total",
-			Help: "Inbound control messages refused (never applied), by kind and reason (signature, cluster, malformed, unavailable)."}, []string{"kind", "reason"}),
+			Help: "Inbound control messages refused (never applied), by kind and reason (signature, cluster, sender: a report or ack claiming another agent than its subject's, malformed, unavailable)."}, []string{"kind", "reason"}),
 		tables: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_cluster_tables_total",
 			Help: "Share tables received, by result: applied, stale (older or replayed term and epoch), refused (malformed for this node)."}, []string{"result"}),
 		tableTerm: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_cluster_table_term",
@@ -69,7 +69,7 @@ func newLoopMetrics(reg prometheus.Registerer, regions []string) (*loopMetrics, 
 			m.bytes.WithLabelValues(k, d)
 		}
 		m.errors.WithLabelValues(k)
-		for _, r := range []string{"signature", "cluster", "malformed", "unavailable"} {
+		for _, r := range []string{"signature", "cluster", "sender", "malformed", "unavailable"} {
 			m.invalid.WithLabelValues(k, r)
 		}
 	}

@@ -668,18 +668,25 @@ func (t *Transport) PublishAck(region, agent string, msg []byte) error {
 // quickly; past the pending limits messages are dropped and logged. stop
 // ends the subscription and waits for a running fn to return; it must not
 // be called from fn. The subscription survives reconnects.
-func (t *Transport) SubscribeReports(fn func(msg []byte)) (stop func(), err error) {
-	return t.subscribe(t.subjPre+"report.*.*", fn)
+func (t *Transport) SubscribeReports(fn func(from protocol.Sender, msg []byte)) (stop func(), err error) {
+	return t.subscribe("report", fn)
 }
 
 // SubscribeAcks is SubscribeReports for acknowledgements.
-func (t *Transport) SubscribeAcks(fn func(msg []byte)) (stop func(), err error) {
-	return t.subscribe(t.subjPre+"ack.*.*", fn)
+func (t *Transport) SubscribeAcks(fn func(from protocol.Sender, msg []byte)) (stop func(), err error) {
+	return t.subscribe("ack", fn)
 }
 
-func (t *Transport) subscribe(subj string, fn func([]byte)) (func(), error) {
+// subscribe subscribes to kind's subjects, naming each message's sender by
+// the subject it came on (kind.<region>.<agent>).
+func (t *Transport) subscribe(kind string, fn func(protocol.Sender, []byte)) (func(), error) {
+	pre := t.subjPre + kind + "."
+	subj := pre + "*.*"
 	done := make(chan struct{})
-	sub, err := t.pub.Subscribe(subj, func(m *nats.Msg) { fn(m.Data) })
+	sub, err := t.pub.Subscribe(subj, func(m *nats.Msg) {
+		r, a, _ := strings.Cut(strings.TrimPrefix(m.Subject, pre), ".")
+		fn(protocol.Sender{Region: r, Agent: a}, m.Data)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("gossip: subscribe %s: %w", subj, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meridian-quota/meridian/gossip/protocol"
 	"github.com/meridian-quota/meridian/internal/natstest"
 	"github.com/meridian-quota/meridian/internal/testenv"
 )
@@ -245,11 +246,17 @@ func TestServerVersion(t *testing.T) {
 
 // collect subscribes with subscribe (a Transport's SubscribeReports or
 // SubscribeAcks) and returns the messages delivered and the subscription's
-// stop, which also runs when the test ends.
-func collect(t testing.TB, subscribe func(func([]byte)) (func(), error)) (<-chan []byte, func()) {
+// stop, which also runs when the test ends. Every message must name its
+// sender (the subject's region and agent).
+func collect(t testing.TB, subscribe func(func(protocol.Sender, []byte)) (func(), error)) (<-chan []byte, func()) {
 	t.Helper()
 	ch := make(chan []byte, 64)
-	stop, err := subscribe(func(b []byte) { ch <- b })
+	stop, err := subscribe(func(from protocol.Sender, b []byte) {
+		if from.Region == "" || from.Agent == "" {
+			t.Errorf("message %q names no sender (%+v)", b, from)
+		}
+		ch <- b
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

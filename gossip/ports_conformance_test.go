@@ -186,11 +186,11 @@ func runPortsSuite(t *testing.T, tg portsTarget) []string {
 	// Bus: every subscriber, the publisher included, gets every message.
 	var mu sync.Mutex
 	bySub := map[string][]string{}
-	sub := func(name string, subscribe func(func([]byte)) (func(), error)) func() {
-		stop, err := subscribe(func(m []byte) {
+	sub := func(name string, subscribe func(func(protocol.Sender, []byte)) (func(), error)) func() {
+		stop, err := subscribe(func(from protocol.Sender, m []byte) {
 			mu.Lock()
 			defer mu.Unlock()
-			bySub[name] = append(bySub[name], string(m))
+			bySub[name] = append(bySub[name], from.Region+"/"+from.Agent+":"+string(m))
 		})
 		if err != nil {
 			t.Fatalf("subscribe %s: %v", name, err)

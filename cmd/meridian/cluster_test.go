@@ -861,3 +861,42 @@ func TestClusterIdleJetStreamAPI(t *testing.T) {
 		t.Errorf("idle cluster: %.2f direct gets per agent per Δ, want at most %.2f", getsPer, getsBound)
 	}
 }
+
+// TestClusterRefusesReportsForAnotherAgent is part of issue 17's defect 7:
+// a report or acknowledgement published on one agent's subject that claims
+// to come from another is refused by the coordinator and counted
+// (meridian_cluster_invalid_messages_total{reason="sender"}). With
+// per-agent NATS credentials an agent may publish only on its own
+// subjects, so it cannot speak for another. Fails on 201a75b, where the
+// subject was dropped and the claim believed.
+func TestClusterRefusesReportsForAnotherAgent(t *testing.T) {
+	c := newTCluster(t)
+	c.startAll()
+	lead := c.leader(10*time.Second, "")
+	tr := c.dial()
+	sender := func(kind string) float64 {
+		return counter(t, lead.reg, "meridian_cluster_invalid_messages_total", map[string]string{"kind": kind, "reason": "sender"})
+	}
+	rep0, ack0 := sender("report"), sender("ack")
+	now := time.Now().UnixMicro()
+	rep := &rebalance.Report{Region: "ap", Agent: "ap-1", Interval: now / tΔ.Microseconds(),
+		Keys: []rebalance.KeyDemand{{Key: keyOf("forged"), Demand: rebalance.Demand{Offered: 1_000_000, OfferedCost: 1_000_000, Admitted: 1_000_000}}}}
+	chunks, err := wire.EncodeReport(c.name, rep, now, wire.DefaultMaxMessage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.PublishReport("us", "us-1", chunks); err != nil { // us-1's subject, ap-1's claim
+		t.Fatal(err)
+	}
+	ack, err := wire.EncodeAck(c.name, wire.Ack{Region: "ap", Agent: "ap-1", Term: 1, Epoch: 1, Sent: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.PublishAck("us", "us-1", ack); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the report and the ack refused as another sender's", func() bool {
+		return sender("report") > rep0 && sender("ack") > ack0
+	})
+	c.log.check(t)
+}

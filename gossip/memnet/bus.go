@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"sync"
+
+	"github.com/meridian-quota/meridian/gossip/protocol"
 )
 
 // The two kinds of bus messages.
@@ -31,7 +33,7 @@ type subscription struct {
 	kind string
 
 	mu      sync.Mutex // held while fn runs; stop waits for it
-	fn      func([]byte)
+	fn      func(protocol.Sender, []byte)
 	stopped bool
 }
 
@@ -45,7 +47,7 @@ func (a *Agent) PublishReport(region, agent string, msgs [][]byte) error {
 		return err
 	}
 	for i, m := range msgs {
-		if err := a.publish(kindReport, m); err != nil {
+		if err := a.publish(kindReport, protocol.Sender{Region: region, Agent: agent}, m); err != nil {
 			return fmt.Errorf("memnet: publish report chunk %d of %d: %w", i+1, len(msgs), err)
 		}
 	}
@@ -57,7 +59,7 @@ func (a *Agent) PublishAck(region, agent string, msg []byte) error {
 	if err := checkNames(region, agent); err != nil {
 		return err
 	}
-	if err := a.publish(kindAck, msg); err != nil {
+	if err := a.publish(kindAck, protocol.Sender{Region: region, Agent: agent}, msg); err != nil {
 		return fmt.Errorf("memnet: publish ack: %w", err)
 	}
 	return nil
@@ -68,16 +70,16 @@ func (a *Agent) PublishAck(region, agent string, msg []byte) error {
 // (in the network's event context: see the package doc). Each call gets
 // its own copy. stop ends delivery and waits for a running fn; it is
 // idempotent and must not be called from fn.
-func (a *Agent) SubscribeReports(fn func(msg []byte)) (stop func(), err error) {
+func (a *Agent) SubscribeReports(fn func(from protocol.Sender, msg []byte)) (stop func(), err error) {
 	return a.subscribe(kindReport, fn), nil
 }
 
 // SubscribeAcks is SubscribeReports for acknowledgements.
-func (a *Agent) SubscribeAcks(fn func(msg []byte)) (stop func(), err error) {
+func (a *Agent) SubscribeAcks(fn func(from protocol.Sender, msg []byte)) (stop func(), err error) {
 	return a.subscribe(kindAck, fn), nil
 }
 
-func (a *Agent) subscribe(kind string, fn func([]byte)) func() {
+func (a *Agent) subscribe(kind string, fn func(protocol.Sender, []byte)) func() {
 	s := &subscription{a: a, kind: kind, fn: fn}
 	n := a.n
 	n.mu.Lock()
@@ -127,8 +129,8 @@ func (a *Agent) upLocked() bool { return !a.disconnected && !a.dead }
 
 // publish routes one message to every subscription of its kind, in the
 // order they were made, drawing loss, duplication and jitter per
-// destination.
-func (a *Agent) publish(kind string, msg []byte) error {
+// destination; from is the sender it names (as a NATS subject would).
+func (a *Agent) publish(kind string, from protocol.Sender, msg []byte) error {
 	n := a.n
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -150,7 +152,7 @@ func (a *Agent) publish(kind string, msg []byte) error {
 		}
 		for range copies {
 			b := append([]byte(nil), msg...)
-			n.afterLocked(l.Latency+n.jitterLocked(l.Jitter), func() { n.deliver(a, s, b) })
+			n.afterLocked(l.Latency+n.jitterLocked(l.Jitter), func() { n.deliver(a, s, from, b) })
 		}
 	}
 	return nil
@@ -158,7 +160,7 @@ func (a *Agent) publish(kind string, msg []byte) error {
 
 // deliver hands b to s unless the subscription stopped, the receiver went
 // down or the link was cut while b was in flight.
-func (n *Network) deliver(from *Agent, s *subscription, b []byte) {
+func (n *Network) deliver(from *Agent, s *subscription, sender protocol.Sender, b []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
@@ -171,6 +173,6 @@ func (n *Network) deliver(from *Agent, s *subscription, b []byte) {
 	}
 	n.mu.Unlock()
 	if ok {
-		s.fn(b)
+		s.fn(sender, b)
 	}
 }

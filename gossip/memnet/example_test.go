@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meridian-quota/meridian/gossip/memnet"
+	"github.com/meridian-quota/meridian/gossip/protocol"
 )
 
 // A two-region cluster in virtual time: a report crosses a 40 ms link, a
@@ -23,7 +24,7 @@ func Example() {
 	eu, us := n.Agent("eu", "eu-1"), n.Agent("us", "us-1")
 	_ = n.SetLink(memnet.Addr{Region: "eu"}, memnet.Addr{Region: "us"}, memnet.Link{Latency: 40 * time.Millisecond})
 
-	stop, _ := us.SubscribeReports(func(msg []byte) { fmt.Printf("%d ms: us got %s\n", clk.Now()/1000, msg) })
+	stop, _ := us.SubscribeReports(func(_ protocol.Sender, msg []byte) { fmt.Printf("%d ms: us got %s\n", clk.Now()/1000, msg) })
 	defer stop()
 	_ = eu.PublishReport("eu", "eu-1", [][]byte{[]byte("report 1")})
 

@@ -42,7 +42,7 @@ type got struct {
 func record(t *testing.T, clk *VirtualClock, a *Agent) *[]got {
 	t.Helper()
 	var out []got
-	stop, err := a.SubscribeReports(func(b []byte) { out = append(out, got{clk.Now(), string(b)}) })
+	stop, err := a.SubscribeReports(func(_ protocol.Sender, b []byte) { out = append(out, got{clk.Now(), string(b)}) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -611,7 +611,9 @@ func TestDeterministic(t *testing.T) {
 		agents := []*Agent{n.Agent("eu", "eu-1"), n.Agent("us", "us-1"), n.Agent("ap", "ap-1")}
 		var out []got
 		for _, a := range agents {
-			stop, _ := a.SubscribeReports(func(b []byte) { out = append(out, got{clk.Now(), a.addr.String() + "<" + string(b)}) })
+			stop, _ := a.SubscribeReports(func(_ protocol.Sender, b []byte) {
+				out = append(out, got{clk.Now(), a.addr.String() + "<" + string(b)})
+			})
 			t.Cleanup(stop)
 		}
 		for i := range 50 {

@@ -137,6 +137,7 @@ func ReadTable(ctx context.Context, store ChunkFetcher, r *TableReader, head []b
 const (
 	RefusedSignature   = "signature"   // a table no trusted key signed
 	RefusedCluster     = "cluster"     // a message of another cluster
+	RefusedSender      = "sender"      // a report or ack claiming another agent than the one that sent it
 	RefusedMalformed   = "malformed"   // anything else the codec or the protocol refuses
 	RefusedUnavailable = "unavailable" // not the message's fault: the store or the bus failed
 )
@@ -145,6 +146,11 @@ const (
 // wire's signature and cluster errors, any other wire.ErrInvalid as
 // malformed, and an error that is no verdict on the message (a failed
 // fetch) as unavailable. Classify(nil) is "".
+// ErrSender is a report or acknowledgement whose claimed region and agent
+// differ from the sender its transport names (Bus): an agent speaking for
+// another, which per-agent NATS credentials otherwise prevent.
+var ErrSender = errors.New("protocol: message claims another sender")
+
 func Classify(err error) string {
 	switch {
 	case err == nil:
@@ -153,6 +159,8 @@ func Classify(err error) string {
 		return RefusedSignature
 	case errors.Is(err, wire.ErrCluster):
 		return RefusedCluster
+	case errors.Is(err, ErrSender):
+		return RefusedSender
 	case !errors.Is(err, wire.ErrInvalid):
 		return RefusedUnavailable
 	}

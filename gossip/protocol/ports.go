@@ -21,15 +21,21 @@ type Bus interface {
 	// PublishAck sends one acknowledgement from region/agent.
 	PublishAck(region, agent string, msg []byte) error
 	// SubscribeReports and SubscribeAcks call fn with every message of
-	// their kind any agent of the cluster sends, until stop.
-	SubscribeReports(fn func(msg []byte)) (stop func(), err error)
-	SubscribeAcks(fn func(msg []byte)) (stop func(), err error)
+	// their kind any agent of the cluster sends, until stop, with the
+	// agent the transport says sent it (NATS: the subject it was
+	// published on, which per-agent credentials restrict to that agent).
+	// The coordinator refuses a message that claims another sender.
+	SubscribeReports(fn func(from Sender, msg []byte)) (stop func(), err error)
+	SubscribeAcks(fn func(from Sender, msg []byte)) (stop func(), err error)
 	// Flush returns once what was published before it has left (or ctx
 	// ends).
 	Flush(ctx context.Context) error
 	// Connected says whether the bus can send now.
 	Connected() bool
 }
+
+// Sender is the agent a message came from, as its transport tells it.
+type Sender struct{ Region, Agent string }
 
 // TableStore holds the latest table: chunk 0 (the head) under one key
 // written by compare-and-set, the other chunks beside it.
