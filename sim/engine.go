@@ -448,6 +448,7 @@ func (r *Run) buildKeys() error {
 			q, b := k.reqs[j], k.burst[j]
 			if i < rl.Keys {
 				q, b = max(1, int64(math.Round(float64(q)*rl.Scale))), max(1, int64(math.Round(float64(b)*rl.Scale)))
+				q = exactRate(q, k.period)
 			}
 			k.reqs, k.burst = append(k.reqs, q), append(k.burst, b)
 		}
@@ -474,6 +475,17 @@ func (r *Run) buildKeys() error {
 		r.keys[i].budget = rule.Limit
 	}
 	return nil
+}
+
+// exactRate is q requests per period moved to the nearest rate whose
+// emission interval is a whole number of µs, so that gcra does not refuse
+// it for losing more than 1 % to rounding (a budget scaled up past about
+// 10,000/s: 688,904 per minute rounds T up from 87.1 to 88 µs). The
+// smallest q' ≥ period/T for T = ceil(period/q) has interval T exactly.
+func exactRate(q int64, period time.Duration) int64 {
+	p := period.Microseconds()
+	t := (p + q - 1) / q
+	return max(1, (p+t-1)/t)
 }
 
 // filePolicy is the policy file as it reads now: the version of the last

@@ -60,6 +60,9 @@ type ExploreOptions struct {
 	MaxShrinkRuns int
 	// Kinds lists the fault kinds to draw (FaultKinds; nil: all).
 	Kinds []string
+	// Progress, when set, is called after each schedule with how many
+	// are done (from any worker goroutine, one call at a time).
+	Progress func(done int)
 
 	// bug plants a known bug for the explorer to find (explore_test.go).
 	bug func(*Run, *event)
@@ -451,30 +454,55 @@ func Explore(opt ExploreOptions) (*ExploreReport, error) {
 	out := make([]outcome, opt.N)
 	jobs := make(chan int)
 	var wg sync.WaitGroup
+	// A schedule that cannot run is the explorer's bug, not a finding:
+	// stop dispatching at the first, rather than run the rest and then
+	// report only the error.
+	var (
+		mu     sync.Mutex
+		done   int
+		failed bool
+	)
 	for range max(1, opt.Workers) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range jobs {
-				p := draw(base, opt.Seed, i, opt.Kinds)
-				o := &out[i]
-				o.over = overAdmitting(p.sc, p.strategy)
-				o.v, o.st, o.err = p.run(opt.bug)
-				if o.err != nil {
-					o.err = fmt.Errorf("schedule %d: %w", i, o.err)
-					continue
-				}
-				if o.v != nil {
-					o.failure, o.err = shrink(p, o.v, opt)
-					if o.failure != nil {
-						o.failure.Schedule = i
-						o.failure.YAML = failureYAML(opt.Seed, o.failure)
+				func() {
+					defer func() {
+						mu.Lock()
+						done++
+						failed = failed || out[i].err != nil
+						if opt.Progress != nil {
+							opt.Progress(done)
+						}
+						mu.Unlock()
+					}()
+					p := draw(base, opt.Seed, i, opt.Kinds)
+					o := &out[i]
+					o.over = overAdmitting(p.sc, p.strategy)
+					o.v, o.st, o.err = p.run(opt.bug)
+					if o.err != nil {
+						o.err = fmt.Errorf("schedule %d: %w", i, o.err)
+						return
 					}
-				}
+					if o.v != nil {
+						o.failure, o.err = shrink(p, o.v, opt)
+						if o.failure != nil {
+							o.failure.Schedule = i
+							o.failure.YAML = failureYAML(opt.Seed, o.failure)
+						}
+					}
+				}()
 			}
 		}()
 	}
 	for i := range opt.N {
+		mu.Lock()
+		stop := failed
+		mu.Unlock()
+		if stop {
+			break
+		}
 		jobs <- i
 	}
 	close(jobs)

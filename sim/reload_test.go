@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/rebalance"
 )
 
@@ -96,5 +97,28 @@ faults:
 	}
 	if lo, hi := slices.Min(sums), slices.Max(sums); hi > rebalance.PPM || lo < rebalance.PPM*8/10 {
 		t.Errorf("key 0's shares of the new budget sum to %d–%d ppm from 30 s; want within [800000, %d]", lo, hi, rebalance.PPM)
+	}
+}
+
+// TestPolicyReloadScalesToValidBudgets: a reload that scales a budget past
+// what a whole-µs emission interval can carry within 1 % (688,904 per
+// minute: T rounds up from 87.1 to 88 µs) moves it to the nearest exact
+// rate instead of failing the run. Fails on b4af6e1, where explorer
+// schedule 2216 of seed 1 (a ×4 reload of the hottest keys) could not build
+// its policy — and the explorer, which ran the other 99,999 schedules
+// first, reported nothing but that.
+func TestPolicyReloadScalesToValidBudgets(t *testing.T) {
+	for _, tt := range []struct{ q, want int64 }{{688904, 681819}, {100, 100}, {7, 7}, {60_000_000, 60_000_000}} {
+		got := exactRate(tt.q, time.Minute)
+		if got != tt.want {
+			t.Errorf("exactRate(%d/min) = %d, want %d", tt.q, got, tt.want)
+		}
+		if err := gcra.New(got, time.Minute, 1).Validate(); err != nil {
+			t.Errorf("exactRate(%d/min) = %d: %v", tt.q, got, err)
+		}
+	}
+	p := draw(ExploreBase(), 1, 2216, nil)
+	if _, _, err := p.run(nil); err != nil {
+		t.Fatalf("schedule 2216 of seed 1: %v", err)
 	}
 }

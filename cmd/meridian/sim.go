@@ -76,6 +76,15 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if *shrink == 0 {
 			opt.MaxShrinkRuns = -1
 		}
+		if n := *explore; n >= 1000 {
+			// A long run says how far it got, every twentieth, on stderr.
+			start := time.Now()
+			opt.Progress = func(done int) {
+				if done%(n/20) == 0 || done == n {
+					fmt.Fprintf(stderr, "explore: %d of %d schedules in %s\n", done, n, time.Since(start).Round(time.Second))
+				}
+			}
+		}
 		if set["scenario"] {
 			base, err := loadScenario(*scenario)
 			if err != nil {
