@@ -324,15 +324,23 @@ func (r *Run) headWrite(h HeadSpec) error {
 		i, _ := slices.BinarySearchFunc(r.tkv.genuine, r.now-age+1, func(s storedHead, t int64) int { return cmp.Compare(s.at, t) })
 		head = r.tkv.genuine[max(0, i-1)].head
 	case "forged":
-		t := &rebalance.Table{Term: r.term + 100, Epoch: 1, Issued: r.coordNow()}
+		// The head's table (or, when the head is gone or unreadable — a
+		// lost bucket, a garbage head — the last one a coordinator
+		// stored) with a term 100 above: well-formed, signed by a key the
+		// cluster does not trust. Before any table was stored there is
+		// nothing to copy, and nothing is written.
+		cur := r.stored
 		if r.tkv.head != nil {
-			if cur, err := r.readHead(r.tkv.head); err == nil {
-				f := *cur
-				f.Term, f.Epoch = cur.Term+100, 1
-				t = &f
+			if h, err := r.readHead(r.tkv.head); err == nil {
+				cur = h
 			}
 		}
-		chunks, err := wire.EncodeTable(wireCluster, t, r.forgeKey, wire.DefaultMaxMessage)
+		if cur == nil {
+			return nil
+		}
+		f := *cur
+		f.Term, f.Epoch = cur.Term+100, 1
+		chunks, err := wire.EncodeTable(wireCluster, &f, r.forgeKey, wire.DefaultMaxMessage)
 		if err != nil {
 			return fmt.Errorf("sim: forge a head: %w", err)
 		}

@@ -310,3 +310,14 @@ func TestExploreFindsPlantedLivenessBug(t *testing.T) {
 	}
 	t.Logf("%d failures; the first:\n%s", len(rep.Failures), rep.Failures[0].YAML)
 }
+
+// TestForgedHeadWithoutAHead: a forged head written while the bucket's
+// head is unreadable copies the last table a coordinator stored. Fails on
+// 44792e0: it forged a table with no regions, which wire refuses to
+// encode, and explorer schedule 5264 of seed 1 could not run.
+func TestForgedHeadWithoutAHead(t *testing.T) {
+	p := draw(ExploreBase(), 1, 5264, nil)
+	if _, _, err := p.run(nil); err != nil {
+		t.Fatalf("schedule 5264 of seed 1: %v", err)
+	}
+}

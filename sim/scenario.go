@@ -264,7 +264,8 @@ type ReloadSpec struct {
 
 // HeadSpec writes the table head at At, as anyone with write access to
 // the bucket could: Kind "forged" is a well-formed table signed by a key
-// the cluster does not trust (a higher term than any real one), "replayed"
+// the cluster does not trust (the head's table, or the last stored one,
+// with a term 100 higher; nothing before the first table), "replayed"
 // the genuine head the coordinator stored Age before At (default 10 s;
 // the run's first if none is that old), "garbage" bytes that do not
 // decode.
