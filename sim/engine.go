@@ -379,7 +379,18 @@ func budgetFor(rate, burstSeconds float64) (requests int64, period time.Duration
 		requests = max(1, int64(math.Round(rate*3600)))
 	}
 	burst = max(1, int64(math.Round(rate*burstSeconds)))
-	return requests, period, burst
+	return validRate(requests, period, burst), period, burst
+}
+
+// validRate is q requests per period, or — when gcra would refuse that for
+// losing more than 1 % to its whole-µs emission interval (a rate above
+// about 10,000/s) — the nearest exact rate (exactRate). Rates gcra takes
+// stay as they are, so every scenario that ran before runs the same.
+func validRate(q int64, period time.Duration, burst int64) int64 {
+	if gcra.New(q, period, burst).Validate() == nil {
+		return q
+	}
+	return exactRate(q, period)
 }
 
 func (r *Run) buildKeys() error {
@@ -448,7 +459,7 @@ func (r *Run) buildKeys() error {
 			q, b := k.reqs[j], k.burst[j]
 			if i < rl.Keys {
 				q, b = max(1, int64(math.Round(float64(q)*rl.Scale))), max(1, int64(math.Round(float64(b)*rl.Scale)))
-				q = exactRate(q, k.period)
+				q = validRate(q, k.period, b)
 			}
 			k.reqs, k.burst = append(k.reqs, q), append(k.burst, b)
 		}

@@ -321,3 +321,14 @@ func TestForgedHeadWithoutAHead(t *testing.T) {
 		t.Fatalf("schedule 5264 of seed 1: %v", err)
 	}
 }
+
+// TestExploreHighRateKey: a key whose drawn budget is above what a whole-µs
+// emission interval carries within 1 % (1,213,985 per minute) runs at the
+// nearest exact rate. Fails on 523596d, where explorer schedule 7222 of
+// seed 1 could not build its policy.
+func TestExploreHighRateKey(t *testing.T) {
+	p := draw(ExploreBase(), 1, 7222, nil)
+	if _, _, err := p.run(nil); err != nil {
+		t.Fatalf("schedule 7222 of seed 1: %v", err)
+	}
+}
