@@ -1791,9 +1791,7 @@ func natsServerVersion(t *testing.T, bin string) string {
 // elected coordinator, that every agent applies a table, and that Envoy's
 // descriptors are decided through eu's and us's agents.
 func TestComposeTopologyNative(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts three Redis, three NATS servers and six agents")
-	}
+	testenv.SkipShort(t, "starts three Redis, three NATS servers and six agents")
 	natsBin, err := exec.LookPath("nats-server")
 	testenv.MustOrSkip(t, err, "nats-server not found")
 	natsVersion := natsServerVersion(t, natsBin)

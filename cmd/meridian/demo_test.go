@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meridian-quota/meridian/gossip"
+	"github.com/meridian-quota/meridian/internal/testenv"
 	"github.com/meridian-quota/meridian/sim"
 )
 
@@ -19,9 +20,7 @@ import (
 // over under a new term, and the summary scores the live cluster beside
 // the simulator.
 func TestDemo(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs a cluster for 10 s")
-	}
+	testenv.SkipShort(t, "runs a cluster for 10 s")
 	var out, errb bytes.Buffer
 	err := runDemo(context.Background(), []string{"--duration", "10s", "--interval", "1s", "--lease", "4s",
 		"--rate", "400", "--keys", "8", "--view", "plain", "--kill", "coordinator@3s"}, &out, &errb)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/internal/testenv"
 )
 
 func testStore(t *testing.T, shards, maxKeys int) *Store {
@@ -191,9 +192,7 @@ func TestHandleRevival(t *testing.T) {
 }
 
 func TestHotPathAllocs(t *testing.T) {
-	if testing.Short() {
-		t.Skip("alloc counts")
-	}
+	testenv.SkipShort(t, "alloc counts")
 	s := testStore(t, 8, 1<<10)
 	ha, hb := twoShards(t, s)
 	sch := gcra.Steady(gcra.PerSecond(1000, 10))

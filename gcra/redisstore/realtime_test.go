@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/internal/testenv"
 )
 
 // TestRealTimeDecide hammers one key from 20 goroutines for about 1.5 s on
@@ -15,9 +16,7 @@ import (
 // more than Burst + elapsed/T (+1), not far fewer, and after the burst one
 // admission every T on average.
 func TestRealTimeDecide(t *testing.T) {
-	if testing.Short() {
-		t.Skip("real-time test: 1.5 s")
-	}
+	testenv.SkipShort(t, "real-time test: 1.5 s")
 	s, _ := newTestStore(t)
 	ctx := context.Background()
 	lim := gcra.PerSecond(50, 5)

@@ -36,3 +36,18 @@ func MustOrSkip(t testing.TB, err error, what string) {
 	}
 	t.Skipf("SKIP: %s: %v; set %s=true to make this a failure", what, err, EnvCI)
 }
+
+// SkipShort skips a long test under -short, except in CI (CI=true), where
+// a skipped test would be a check that silently did not run: there it
+// fails instead.
+func SkipShort(t testing.TB, why string) {
+	t.Helper()
+	if !testing.Short() {
+		return
+	}
+	if InCI() {
+		t.Fatalf("-short skips this test (%s), and %s=true requires it to run", why, EnvCI)
+		return
+	}
+	t.Skip(why)
+}

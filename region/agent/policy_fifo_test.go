@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meridian-quota/meridian/internal/testenv"
 )
 
 // A named pipe (or socket, or device) in the policy directory is no policy
@@ -21,9 +23,7 @@ import (
 func TestPolicyDigestSkipsAPipe(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors:\n")
-	if err := syscall.Mkfifo(filepath.Join(dir, "pipe"), 0o644); err != nil {
-		t.Skipf("mkfifo: %v", err)
-	}
+	testenv.MustOrSkip(t, syscall.Mkfifo(filepath.Join(dir, "pipe"), 0o644), "mkfifo")
 	done := make(chan [32]byte, 1)
 	go func() { done <- policyDigest(dir) }()
 	// The verdict is whether it returns at all; the bound only keeps a
