@@ -204,8 +204,8 @@ func TestAgentConfigs(t *testing.T) {
 			if cl.Coordinator.Candidate != candidate {
 				t.Errorf("%s: coordinator.candidate %v: only %s's agents stand (the bucket lives there)", p, cl.Coordinator.Candidate, coordinatorRegion)
 			}
-			if wantUser := map[bool]string{true: "coordinator", false: "agent"}[candidate]; cl.NATS.User != wantUser {
-				t.Errorf("%s: cluster.nats.user %q, want %q (only candidates may write the bucket)", p, cl.NATS.User, wantUser)
+			if wantUser := cfg.Region + "." + cfg.Agent; cl.NATS.User != wantUser {
+				t.Errorf("%s: cluster.nats.user %q, want %q (each agent its own user, which may publish only as that agent)", p, cl.NATS.User, wantUser)
 			}
 			if cfg.Agents != 2 {
 				t.Errorf("%s: agents %d, want 2 per region", p, cfg.Agents)
@@ -462,18 +462,39 @@ func writeFile(t *testing.T, p string, data []byte) {
 	}
 }
 
-// natsAuthConf is the content of nats-auth.conf for two passwords (the
-// format compose/secrets/README.md writes).
-func natsAuthConf(coordinator, agent string) string {
-	return fmt.Sprintf("MERIDIAN_COORDINATOR_PASSWORD: %q\nMERIDIAN_AGENT_PASSWORD: %q\n", coordinator, agent)
+// composeAgents lists compose's agents as region/agent, from their
+// configs, and which are candidates.
+func composeAgents(t *testing.T) (agents, candidates []string) {
+	t.Helper()
+	files, _ := agentConfigFiles(t)
+	for _, p := range files {
+		cfg, err := agent.LoadConfig(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := cfg.Region + "/" + cfg.Agent
+		agents = append(agents, id)
+		if cfg.Cluster.Coordinator.Candidate {
+			candidates = append(candidates, id)
+		}
+	}
+	slices.Sort(agents)
+	slices.Sort(candidates)
+	return agents, candidates
 }
 
+// TestNATSConfigs loads each region's nats-server config, with the users
+// `meridian keys --nats-dir` makes for compose's agents, through
+// nats-server's own parser.
 func TestNATSConfigs(t *testing.T) {
 	c := loadCompose(t)
-	secrets := map[string]string{"nats_auth": natsAuthConf("coordinator-password-0123", "agent-password-0123456")}
+	tmp := t.TempDir()
+	files, _ := makeSecrets(t, c, buildMeridian(t, tmp, "deploy-test"), filepath.Join(tmp, "secrets"))
+	secrets := map[string]string{"nats_users": mustRead(t, files["nats_users"])}
+	agents, candidates := composeAgents(t)
 	type userView struct {
-		User, Account string
-		Deny          []string
+		User, Account      string
+		Publish, Subscribe []string
 	}
 	var first []userView
 	for _, r := range regions {
@@ -518,20 +539,39 @@ func TestNATSConfigs(t *testing.T) {
 				v.Account = u.Account.Name
 			}
 			if u.Permissions != nil && u.Permissions.Publish != nil {
-				v.Deny = u.Permissions.Publish.Deny
+				v.Publish = u.Permissions.Publish.Allow
+			}
+			if u.Permissions != nil && u.Permissions.Subscribe != nil {
+				v.Subscribe = u.Permissions.Subscribe.Allow
 			}
 			users = append(users, v)
 		}
 		sort.Slice(users, func(i, j int) bool { return users[i].User < users[j].User })
-		byName := map[string]userView{}
+		var names []string
 		for _, u := range users {
-			byName[u.User] = u
+			names = append(names, strings.Replace(u.User, ".", "/", 1))
+			id := strings.Replace(u.User, ".", "/", 1)
+			own := "meridian." + clusterName + ".report." + u.User
+			for _, subj := range u.Publish {
+				if strings.Contains(subj, ".report.") && subj != own || strings.Contains(subj, ".ack.") && subj != "meridian."+clusterName+".ack."+u.User {
+					t.Errorf("%s: user %s may publish on %s: reports and acks only on its own subjects", svc, u.User, subj)
+				}
+			}
+			if !slices.Contains(u.Publish, own) {
+				t.Errorf("%s: user %s may not publish its own reports (%s)", svc, u.User, own)
+			}
+			writes := slices.Contains(u.Publish, "$KV."+clusterName+"."+clusterName+".>")
+			if cand := slices.Contains(candidates, id); writes != cand {
+				t.Errorf("%s: user %s writes the bucket %v, is a candidate %v: only candidates may", svc, u.User, writes, cand)
+			}
+			for _, subj := range u.Publish {
+				if strings.Contains(subj, "STREAM.DELETE") || strings.Contains(subj, "STREAM.UPDATE") || strings.Contains(subj, ">") && strings.HasPrefix(subj, "$JS.API.STREAM") {
+					t.Errorf("%s: user %s may publish on %s: no agent deletes or reconfigures streams", svc, u.User, subj)
+				}
+			}
 		}
-		if u, ok := byName["coordinator"]; !ok || len(u.Deny) > 0 {
-			t.Errorf("%s: user coordinator %+v: want it, unrestricted", svc, u)
-		}
-		if u := byName["agent"]; !slices.Contains(u.Deny, "$KV."+clusterName+".>") || !slices.Contains(u.Deny, "$JS.API.STREAM.CREATE.>") {
-			t.Errorf("%s: user agent %+v: must not write bucket %s nor create streams", svc, u, clusterName)
+		if !slices.Equal(names, agents) {
+			t.Errorf("%s: NATS users %v, want one per compose agent %v", svc, names, agents)
 		}
 		if first == nil {
 			first = users
@@ -1720,9 +1760,14 @@ func buildMeridian(t *testing.T, dir, version string) string {
 // compose/secrets/README.md makes them, into dir.
 func makeSecrets(t *testing.T, c *compose, bin, dir string) (files map[string]string, natsPass map[string]string) {
 	t.Helper()
-	out, err := exec.Command(bin, "keys").Output()
+	agents, candidates := composeAgents(t)
+	cmd := exec.Command(bin, "keys", "--nats-dir", dir, "--cluster", clusterName,
+		"--agents", strings.Join(agents, ","), "--candidates", strings.Join(candidates, ","))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("meridian keys: %v", err)
+		t.Fatalf("meridian keys: %v\n%s", err, stderr.Bytes())
 	}
 	keys := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
@@ -1730,24 +1775,25 @@ func makeSecrets(t *testing.T, c *compose, bin, dir string) (files map[string]st
 			keys[name] = strings.TrimSpace(key)
 		}
 	}
-	natsPass = map[string]string{"coordinator": randomHex(t, 24), "agent": randomHex(t, 24)}
 	content := map[string]string{
-		"gossip.keys":               keys["gossip-key"] + "\n",
-		"coordinator.key":           keys["coordinator-sign-key"] + "\n",
-		"coordinator.pub":           keys["coordinator-verify-key"] + "\n",
-		"nats-coordinator.password": natsPass["coordinator"] + "\n",
-		"nats-agent.password":       natsPass["agent"] + "\n",
-		"nats-auth.conf":            natsAuthConf(natsPass["coordinator"], natsPass["agent"]),
+		"gossip.keys":     keys["gossip-key"] + "\n",
+		"coordinator.key": keys["coordinator-sign-key"] + "\n",
+		"coordinator.pub": keys["coordinator-verify-key"] + "\n",
+	}
+	natsPass = map[string]string{}
+	for _, a := range agents {
+		user := strings.Replace(a, "/", ".", 1)
+		natsPass[user] = strings.TrimSpace(mustRead(t, filepath.Join(dir, "nats-"+user+".password")))
 	}
 	files = map[string]string{}
 	for name, s := range c.Secrets {
 		base := path.Base(s.File)
-		data, ok := content[base]
-		if !ok || strings.TrimSpace(data) == "" {
-			t.Fatalf("secret %s (%s): this test does not know how to make it", name, base)
-		}
 		p := filepath.Join(dir, base)
-		writeFile(t, p, []byte(data))
+		if data, ok := content[base]; ok && strings.TrimSpace(data) != "" {
+			writeFile(t, p, []byte(data))
+		} else if _, err := os.Stat(p); err != nil { // written by keys --nats-dir
+			t.Fatalf("secret %s (%s): neither this test nor meridian keys made it", name, base)
+		}
 		files[name] = p
 	}
 	return files, natsPass
@@ -1834,7 +1880,7 @@ func TestComposeTopologyNative(t *testing.T) {
 	for _, r := range regions {
 		svc := "nats-" + r
 		root := filepath.Join(tmp, svc)
-		cfgPath := natsRoot(t, c, svc, root, map[string]string{"nats_auth": mustRead(t, secrets["nats_auth"])})
+		cfgPath := natsRoot(t, c, svc, root, map[string]string{"nats_users": mustRead(t, secrets["nats_users"])})
 		conf := stripComments(mustRead(t, cfgPath))
 		conf = storeRe.ReplaceAllStringFunc(conf, func(m string) string {
 			sm := storeRe.FindStringSubmatch(m)
@@ -1947,7 +1993,7 @@ func TestComposeTopologyNative(t *testing.T) {
 	}
 	elected := time.Since(began)
 
-	// The bucket is in eu's NATS cluster, and the `agent` user may not
+	// The bucket is in eu's NATS cluster, and us-1's user may not
 	// create streams (why it could not have landed elsewhere).
 	checkBucket(t, tp.addr("nats-us", 4222), natsPass)
 
@@ -1975,15 +2021,15 @@ func mustRead(t *testing.T, p string) string {
 }
 
 // checkBucket checks from region us that the KV bucket's stream is placed
-// in eu, and that the `agent` user cannot create a stream.
+// in eu, and that us-1's user cannot create a stream.
 func checkBucket(t *testing.T, usAddr string, pass map[string]string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	nc, err := nats.Connect("nats://"+usAddr, nats.UserInfo("agent", pass["agent"]),
+	nc, err := nats.Connect("nats://"+usAddr, nats.UserInfo("us.us-1", pass["us.us-1"]),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // the permission violation below is expected
 	if err != nil {
-		t.Fatalf("connect to nats-us as agent: %v", err)
+		t.Fatalf("connect to nats-us as us.us-1: %v", err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -2000,7 +2046,7 @@ func checkBucket(t *testing.T, usAddr string, pass map[string]string) {
 	short, cancel2 := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel2()
 	if _, err := js.CreateKeyValue(short, jetstream.KeyValueConfig{Bucket: "probe_" + randomHex(t, 4)}); err == nil {
-		t.Errorf("user agent created a bucket: a non-eu agent could place the bucket outside eu")
+		t.Errorf("user us.us-1 created a bucket: a non-eu agent could place the bucket outside eu")
 	}
 }
 

@@ -550,6 +550,8 @@ func (t *Transport) bind(ctx context.Context, cfg NATSConfig) error {
 		}
 		if err == nil {
 			t.log.Info("created KV bucket", "bucket", cfg.Bucket, "replicas", cfg.Replicas)
+		} else {
+			return fmt.Errorf("gossip: KV bucket %s does not exist and creating it failed (a NATS user that may not create streams, as `meridian keys` makes for agents that are not candidates, waits for a candidate to create it): %w", cfg.Bucket, err)
 		}
 	}
 	if err != nil {

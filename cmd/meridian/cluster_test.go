@@ -214,12 +214,23 @@ type tCluster struct {
 	seed     string
 	sign     ed25519.PrivateKey
 	interval time.Duration // Δ (tΔ unless a test sets it before starting agents)
+	// natsUser, when set, gives each region's agent its own NATS user and
+	// password file; candidates, when set, names the coordinator
+	// candidates (otherwise every agent is one).
+	natsUser   map[string][2]string
+	candidates map[string]bool
 }
 
 func newTCluster(t testing.TB) *tCluster {
+	return newTClusterOn(t, fmt.Sprintf("t%d", time.Now().UnixNano()%1e9))
+}
+
+// newTClusterOn is newTCluster with the cluster's name and the NATS
+// server's options given.
+func newTClusterOn(t testing.TB, name string, opts ...natstest.Option) *tCluster {
 	t.Helper()
-	c := &tCluster{t: t, dir: t.TempDir(), name: fmt.Sprintf("t%d", time.Now().UnixNano()%1e9),
-		nats: natstest.Start(t), log: &shareLog{}, agents: map[string]*tAgent{}, urls: map[string]string{}, interval: tΔ}
+	c := &tCluster{t: t, dir: t.TempDir(), name: name,
+		nats: natstest.Start(t, opts...), log: &shareLog{}, agents: map[string]*tAgent{}, urls: map[string]string{}, interval: tΔ}
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -259,6 +270,12 @@ func (c *tCluster) config(regionName string) *agent.Config {
 			Strategy: "proportional", Hysteresis: 1000, ElectionTTL: agent.Duration(tTTL)},
 	}
 	cfg.ReserveMaxWait = agent.Duration(tFence) // a booking must act within the fence
+	if u, ok := c.natsUser[regionName]; ok {
+		cfg.Cluster.NATS.User, cfg.Cluster.NATS.PasswordFile = u[0], u[1]
+	}
+	if c.candidates != nil && !c.candidates[regionName] {
+		cfg.Cluster.Coordinator.Candidate, cfg.Cluster.Coordinator.SignKeyFile = false, ""
+	}
 	if c.seed != "" {
 		cfg.Cluster.Members.Join = []string{c.seed}
 	}

@@ -28,6 +28,7 @@ type config struct {
 	nkeys []*server.NkeyUser
 	token string
 	certs *Certs
+	conf  string
 }
 
 // WithUsers adds a user with a password; the server then refuses clients
@@ -53,6 +54,14 @@ func WithNKey(pub string) Option {
 // Create certs with [NewCerts].
 func WithTLS(certs Certs) Option {
 	return func(c *config) { c.certs = &certs }
+}
+
+// WithConfigFile starts the server from a nats-server configuration file
+// (accounts, users and their permissions, included files), as the server
+// binary would read it; listen address, JetStream store and logging are
+// still the test's. It replaces the other options' authentication.
+func WithConfigFile(path string) Option {
+	return func(c *config) { c.conf = path }
 }
 
 // Server is an embedded nats-server with JetStream, owned by one test. Its
@@ -84,6 +93,15 @@ func Start(t testing.TB, opts ...Option) *Server {
 // options builds a fresh server.Options each time: nats-server keeps and
 // mutates the struct it is given.
 func (s *Server) options() *server.Options {
+	if s.cfg.conf != "" {
+		o, err := server.ProcessConfigFile(s.cfg.conf)
+		if err != nil {
+			s.t.Fatalf("natstest: %v", err)
+		}
+		o.ServerName, o.Host, o.Port, o.NoLog, o.NoSigs = "natstest", "127.0.0.1", s.port, true, true
+		o.JetStream, o.StoreDir, o.JetStreamMaxMemory, o.JetStreamMaxStore = true, s.dir, 64<<20, 256<<20
+		return o
+	}
 	o := &server.Options{
 		ServerName:         "natstest",
 		Host:               "127.0.0.1",
