@@ -337,7 +337,7 @@ func (n *Node) rowSchedule(rule *Rule, r *row) gcra.Schedule {
 		// The table was computed for another limit (a policy rollout in
 		// progress): run at the safe share until they agree.
 		n.reduced.Add(1)
-		sch := n.reduce(r, r.sched.Current.Effective).sched
+		sch := shrunkSchedule(n.reduce(r, r.sched.Current.Effective).sched, r.budget, rule.Limit)
 		sch.Current.Limit = minLimit(sch.Current.Limit, SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions)))
 		return sch
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -391,4 +392,68 @@ func inForceAt(s *gcra.Schedule, t int64) gcra.Version {
 		return s.Previous
 	}
 	return s.Current
+}
+
+// shrunk is l, a regional limit derived from budget from, as the same part
+// of budget to where to is the smaller in rate or burst: the interval
+// scaled up by to's over from's (rounded up) and the burst scaled down
+// (rounded down; nothing left is the zero limit). It is never above l, and
+// l where to is not smaller. A budget that shrinks — a policy reload, or a
+// table computed for the new budget — thus takes every limit in force
+// down with it at once: the coordinator counts each region's share in
+// parts per million of the budget its tables carry, and a region still
+// running the old budget's regional limit runs more than its part of the
+// new one (explorer schedules 83 and 87 of seed 1: Σ shares in force
+// 1.9·10⁶ and 1.03·10⁶ ppm of a halved budget until each region's new row
+// took effect).
+func shrunk(l, from, to gcra.Limit) gcra.Limit {
+	if l.IsZero() || from.IsZero() || to.IsZero() {
+		return l
+	}
+	t, b := l.IntervalMicros(), l.Burst()
+	if ft, tt := from.IntervalMicros(), to.IntervalMicros(); tt > ft {
+		hi, lo := bits.Mul64(uint64(t), uint64(tt))
+		if hi >= uint64(ft) {
+			return gcra.Limit{}
+		}
+		q, r := bits.Div64(hi, lo, uint64(ft))
+		if r != 0 {
+			q++
+		}
+		if q > uint64(gcra.MaxWindowMicros) {
+			return gcra.Limit{}
+		}
+		t = int64(q)
+	}
+	if fb, tb := from.Burst(), to.Burst(); tb < fb {
+		hi, lo := bits.Mul64(uint64(b), uint64(tb))
+		q, _ := bits.Div64(hi, lo, uint64(fb)) // b·tb/fb < b: no overflow
+		b = int64(q)
+	}
+	if b <= 0 {
+		return gcra.Limit{}
+	}
+	if hi, lo := bits.Mul64(uint64(b), uint64(t)); hi != 0 || lo > uint64(gcra.MaxWindowMicros) {
+		b = gcra.MaxWindowMicros / t
+	}
+	return minLimit(l, gcra.FromInterval(t, b))
+}
+
+// shrunkSchedule is s with both versions' limits shrunk from budget from
+// to budget to (see shrunk).
+func shrunkSchedule(s gcra.Schedule, from, to gcra.Limit) gcra.Schedule {
+	if from == to {
+		return s
+	}
+	s.Current.Limit = shrunk(s.Current.Limit, from, to)
+	if s.HasPrevious {
+		s.Previous.Limit = shrunk(s.Previous.Limit, from, to)
+	}
+	return s
+}
+
+// shrunkVersion is v with its limit shrunk from budget from to to.
+func shrunkVersion(v gcra.Version, from, to gcra.Limit) gcra.Version {
+	v.Limit = shrunk(v.Limit, from, to)
+	return v
 }

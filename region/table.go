@@ -210,14 +210,16 @@ func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 		prev := gcra.Version{Limit: SafeLimit(ks.Budget, n.safe, len(n.cfg.Regions)), Epoch: coldEpoch}
 		nr.sched = change(prev, gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
 	case v == o.version && (o.sub%2 == 0 || o.sub == 3):
-		nr.sub, nr.sched = o.sub, o.sched // the budget changed under the same version: keep the limits
+		// The budget changed under the same version: keep the limits, or
+		// the same parts of a smaller budget.
+		nr.sub, nr.sched = o.sub, shrunkSchedule(o.sched, o.budget, ks.Budget)
 	case v == o.version:
 		// Restore after a lapse: a new epoch slot within the version.
 		nr.sub = o.sub + 1
 		at := max(eff, now)
-		nr.sched = change(inForceAt(&o.sched, at), gcra.Version{Limit: lim, Epoch: epochOf(v, nr.sub), Effective: at})
+		nr.sched = change(shrunkVersion(inForceAt(&o.sched, at), o.budget, ks.Budget), gcra.Version{Limit: lim, Epoch: epochOf(v, nr.sub), Effective: at})
 	default:
-		nr.sched = change(inForceAt(&o.sched, eff), gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
+		nr.sched = change(shrunkVersion(inForceAt(&o.sched, eff), o.budget, ks.Budget), gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
 	}
 	return nr
 }
@@ -247,14 +249,16 @@ func (n *Node) reducedRow(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 			nr = n.reduce(o, max(o.sched.Current.Effective, from))
 		}
 		if ks != nil {
+			nr.sched = shrunkSchedule(nr.sched, o.budget, ks.Budget)
 			nr.budget = ks.Budget
 		}
 		return &nr
 	}
 	prev := gcra.Version{Limit: safe, Epoch: coldEpoch}
 	if o != nil {
-		// What runs until eff: never a change still pending now.
-		prev = inForceAt(&o.sched, min(now, eff))
+		// What runs until eff: never a change still pending now, nor more
+		// than its part of a smaller budget.
+		prev = shrunkVersion(inForceAt(&o.sched, min(now, eff)), o.budget, ks.Budget)
 		if o.sched.Current.Effective > now {
 			lim = minLimit(lim, o.sched.Current.Limit)
 		}
@@ -289,7 +293,12 @@ func (n *Node) reduce(o *row, now int64) row {
 		// A pending change: never more than it grants either.
 		lim = minLimit(lim, o.sched.Current.Limit)
 	}
-	nr.sched = change(last, gcra.Version{Limit: lim, Epoch: epochOf(o.version, nr.sub), Effective: now})
+	// Until now the store runs what o runs just before now: at a pending
+	// change's own effective time (a lapse or a policy mismatch reduces
+	// from there) that is the version it replaces, not the change — which
+	// as the schedule's previous version would run before its fence
+	// (explorer schedule 87 of seed 1: Σ shares in force 2.0·10⁶ ppm).
+	nr.sched = change(inForceAt(&o.sched, now-1), gcra.Version{Limit: lim, Epoch: epochOf(o.version, nr.sub), Effective: now})
 	return nr
 }
 

@@ -73,21 +73,6 @@ var knownFailures = []struct {
 		CheckBurst, "kv-loss", 1609, 7},
 	{"safety: after a bucket loss a restarted agent applies the new term 1's tables beside the old term's (shares)",
 		CheckShare, "kv-loss", 2677, 7},
-	// Safety defects policy reloads found (seed 1). A row whose budget
-	// differs from the agent's rule is reduced from its current version's
-	// effective time; when that version is still pending (an increase
-	// waiting for its fence), the reduced schedule's previous version is
-	// that pending one, so the store runs it early, before its fence
-	// (schedule 87: Σ shares in force 2.0·10⁶ ppm of the larger budget).
-	// And once the tables carry a shrunk budget, a row's previous regional
-	// limit — computed from the old budget — stays in force until the new
-	// row's (fenced) effective time: the coordinator fences the change by
-	// its share in ppm, which may rise while the limit falls (schedule
-	// 83: 1.58·10⁶ ppm of the new budget for 2 s).
-	{"safety: an agent whose policy disagrees with the table runs a pending increase before its fence",
-		CheckShare, "policy-reload", 87, 0},
-	{"safety: after a budget shrinks, the old budget's regional limit stays in force until the new row's fenced effective time",
-		CheckShare, "policy-reload", 83, 0},
 	// A row whose rate rises while its burst falls switches with the
 	// increases, at one effective time for every region; across region
 	// clocks within MaxSkew another region's burst increase can apply

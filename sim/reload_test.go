@@ -122,3 +122,21 @@ func TestPolicyReloadScalesToValidBudgets(t *testing.T) {
 		t.Fatalf("schedule 2216 of seed 1: %v", err)
 	}
 }
+
+// TestReloadShrinkKeepsSharesInForce replays the explorer schedules where
+// a policy reload halving budgets left a region running the old budget's
+// regional limit — twice its part of the new one — until its new row took
+// effect. Fails on 02acb44: schedule 83 (Σ shares in force 1.9·10⁶ ppm)
+// and 87 (1.03·10⁶ ppm, a region back from a partition past its lease).
+func TestReloadShrinkKeepsSharesInForce(t *testing.T) {
+	for _, i := range []int{83, 87} {
+		p := draw(ExploreBase(), 1, i, nil)
+		v, _, err := p.run(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != nil {
+			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
+		}
+	}
+}
