@@ -63,6 +63,9 @@ type ExploreOptions struct {
 	// Progress, when set, is called after each schedule with how many
 	// are done (from any worker goroutine, one call at a time).
 	Progress func(done int)
+	// Stop, when closed, starts no further schedule: Explore returns
+	// ErrStopped once the schedules under way finish.
+	Stop <-chan struct{}
 
 	// bug plants a known bug for the explorer to find (explore_test.go).
 	bug func(*Run, *event)
@@ -496,6 +499,8 @@ func Explore(opt ExploreOptions) (*ExploreReport, error) {
 			}
 		}()
 	}
+	interrupted := false
+dispatch:
 	for i := range opt.N {
 		mu.Lock()
 		stop := failed
@@ -503,10 +508,18 @@ func Explore(opt ExploreOptions) (*ExploreReport, error) {
 		if stop {
 			break
 		}
-		jobs <- i
+		select {
+		case jobs <- i:
+		case <-opt.Stop:
+			interrupted = true
+			break dispatch
+		}
 	}
 	close(jobs)
 	wg.Wait()
+	if interrupted {
+		return nil, fmt.Errorf("%w after %d of %d schedules", ErrStopped, done, opt.N)
+	}
 	rep := &ExploreReport{Seed: opt.Seed, Schedules: opt.N}
 	for i := range out {
 		o := &out[i]

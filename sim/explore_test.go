@@ -2,6 +2,7 @@ package sim
 
 import (
 	"cmp"
+	"errors"
 	"reflect"
 	"slices"
 	"strings"
@@ -315,5 +316,21 @@ func TestExploreHighRateKey(t *testing.T) {
 	p := draw(ExploreBase(), 1, 7222, nil)
 	if _, _, err := p.run(nil); err != nil {
 		t.Fatalf("schedule 7222 of seed 1: %v", err)
+	}
+}
+
+// TestExploreAndSweepStop: a closed Stop starts nothing more, and both say
+// they stopped. Fails on eb261a5: neither had a way to stop, and `meridian
+// sim` catches SIGINT and SIGTERM, so an explore run ignored both (a
+// 100,000-schedule run kept going after kill).
+func TestExploreAndSweepStop(t *testing.T) {
+	stop := make(chan struct{})
+	close(stop)
+	if _, err := Explore(ExploreOptions{N: 1000, Seed: 1, Workers: 2, MaxShrinkRuns: -1, Stop: stop}); !errors.Is(err, ErrStopped) {
+		t.Errorf("Explore: %v, want ErrStopped", err)
+	}
+	sc := ExploreBase()
+	if _, err := Sweep(sc, Options{Seeds: []uint64{1, 2, 3}, Workers: 1, Stop: stop}); !errors.Is(err, ErrStopped) {
+		t.Errorf("Sweep: %v, want ErrStopped", err)
 	}
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -25,6 +26,9 @@ type Options struct {
 	// Progress, if set, is called after each run with the runs done and
 	// the total (from the worker goroutines, serialized).
 	Progress func(done, total int)
+	// Stop, when closed, starts no further run: Sweep returns ErrStopped
+	// once the runs under way finish (a CLI closes it on SIGINT/SIGTERM).
+	Stop <-chan struct{}
 	// KeyDetail keeps every key's totals in the results (large for many keys).
 	KeyDetail bool
 	// Trace replays a validated trace instead of the scenario's workload.
@@ -131,6 +135,9 @@ func Sweep(sc *Scenario, opt Options) (*Report, error) {
 		go func() {
 			defer wg.Done()
 			for {
+				if stopped(opt.Stop) {
+					return
+				}
 				mu.Lock()
 				i := next
 				next++
@@ -157,6 +164,9 @@ func Sweep(sc *Scenario, opt Options) (*Report, error) {
 		}()
 	}
 	wg.Wait()
+	if stopped(opt.Stop) && done < len(jobs) {
+		return nil, fmt.Errorf("%w after %d of %d runs", ErrStopped, done, len(jobs))
+	}
 	for i, err := range errs {
 		if err != nil {
 			return nil, fmt.Errorf("sim: %s %s seed %d: %w", jobs[i].strategy, jobs[i].interval, jobs[i].seed, err)
@@ -311,4 +321,17 @@ func (rep *Report) WriteCSV(w io.Writer) error {
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+// ErrStopped is returned by Sweep and Explore when their Stop channel was
+// closed before every run was done.
+var ErrStopped = errors.New("sim: stopped")
+
+func stopped(stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	default:
+		return false
+	}
 }

@@ -72,7 +72,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if *shrink < 0 {
 			return usageErr("--shrink %d: must not be negative", *shrink)
 		}
-		opt := sim.ExploreOptions{N: *explore, Seed: *seed, Workers: *workers, MaxShrinkRuns: *shrink}
+		opt := sim.ExploreOptions{N: *explore, Seed: *seed, Workers: *workers, MaxShrinkRuns: *shrink, Stop: ctx.Done()}
 		if *shrink == 0 {
 			opt.MaxShrinkRuns = -1
 		}
@@ -104,7 +104,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *check {
 		return runCheck(sc, stdout)
 	}
-	opt := sim.Options{Workers: *workers, KeyDetail: *out != ""}
+	opt := sim.Options{Workers: *workers, KeyDetail: *out != "", Stop: ctx.Done()}
 	if *strategies != "" {
 		opt.Strategies = strings.Split(*strategies, ",")
 	}

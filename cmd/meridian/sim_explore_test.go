@@ -66,3 +66,22 @@ func TestSimExplore(t *testing.T) {
 		t.Errorf("--kinds meteor: exit %d, stderr %q", code, stderr.String())
 	}
 }
+
+// TestSimStopsOnSignal: once the command's context ends (SIGINT or
+// SIGTERM, which main turns into a cancelled context), an explore run and
+// a sweep stop and say so. Fails on eb261a5: both ran to the end, so
+// `kill` did not stop a 100,000-schedule run.
+func TestSimStopsOnSignal(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, args := range [][]string{
+		{"--explore", "100000", "--seed", "1", "--shrink", "0"},
+		{"--scenario", "steady-skew", "--seeds", "5"},
+	} {
+		var stdout, stderr strings.Builder
+		err := runSim(ctx, args, &stdout, &stderr)
+		if err == nil || !strings.Contains(err.Error(), "stopped after") {
+			t.Errorf("%v: %v, want it stopped", args, err)
+		}
+	}
+}
