@@ -219,7 +219,20 @@ func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 		at := max(eff, now)
 		nr.sched = change(shrunkVersion(inForceAt(&o.sched, at), o.budget, ks.Budget), gcra.Version{Limit: lim, Epoch: epochOf(v, nr.sub), Effective: at})
 	default:
-		nr.sched = change(shrunkVersion(inForceAt(&o.sched, eff), o.budget, ks.Budget), gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
+		prev := shrunkVersion(inForceAt(&o.sched, eff), o.budget, ks.Budget)
+		if eff > now {
+			// A pending change lowers now whatever it lowers — the burst
+			// of a row whose rate rises while its burst falls, which the
+			// coordinator fences with the increases, at the one
+			// effective time of every region, where a region whose clock
+			// runs ahead by up to MaxSkew could raise its burst first
+			// (explorer schedule 32 of seed 1: Σ bursts in force 95 of
+			// 94) — and keeps what it raises until eff. The version it
+			// replaces, if that was itself still pending, is no higher
+			// than it either.
+			prev.Limit = minLimit(minLimit(prev.Limit, lim), shrunk(inForceAt(&o.sched, now).Limit, o.budget, ks.Budget))
+		}
+		nr.sched = change(prev, gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
 	}
 	return nr
 }

@@ -74,13 +74,6 @@ var knownFailures = []struct {
 		CheckBurst, "kv-loss", 1609, 7},
 	{"safety: after a bucket loss a restarted agent applies the new term 1's tables beside the old term's (shares)",
 		CheckShare, "kv-loss", 2677, 7},
-	// A row whose rate rises while its burst falls switches with the
-	// increases, at one effective time for every region; across region
-	// clocks within MaxSkew another region's burst increase can apply
-	// before it (Σ bursts 37 of 36). The reload only made the bursts large
-	// enough to move by one.
-	{"safety: a burst decrease riding on a rate increase is not ordered before other regions' burst increases",
-		CheckBurst, "policy-reload", 32, 0},
 }
 
 // known reports whether failure f is a known one: its check, and a fault

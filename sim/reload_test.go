@@ -126,10 +126,13 @@ func TestPolicyReloadScalesToValidBudgets(t *testing.T) {
 // TestReloadShrinkKeepsSharesInForce replays the explorer schedules where
 // a policy reload halving budgets left a region running the old budget's
 // regional limit — twice its part of the new one — until its new row took
-// effect. Fails on 02acb44: schedule 83 (Σ shares in force 1.9·10⁶ ppm)
-// and 87 (1.03·10⁶ ppm, a region back from a partition past its lease).
+// effect, and where a reload let a burst that falls while its rate rises
+// wait for the fence with the other regions' burst increases. Fails on
+// 02acb44: schedule 83 (Σ shares in force 1.9·10⁶ ppm) and 87 (1.03·10⁶
+// ppm, a region back from a partition past its lease); schedule 32 (Σ
+// bursts 95 of 94) fails on 49a6518.
 func TestReloadShrinkKeepsSharesInForce(t *testing.T) {
-	for _, i := range []int{83, 87} {
+	for _, i := range []int{83, 87, 32} {
 		p := draw(ExploreBase(), 1, i, nil)
 		v, _, err := p.run(nil)
 		if err != nil {
