@@ -51,8 +51,12 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	candidates := fs.String("candidates", "", "with --nats-dir: the coordinator candidates among --agents")
 	cluster := fs.String("cluster", "", "with --nats-dir: the agents' cluster.name (required)")
 	bucket := fs.String("bucket", gossip.DefaultNATSConfig().Bucket, "with --nats-dir: the agents' cluster.nats.bucket")
+	cost := fs.Int("bcrypt-cost", natsBcryptCost, "with --nats-dir: the password hashes' bcrypt cost (nats-server checks one per connection: about 0.1 s at 11)")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
+	}
+	if *cost < bcrypt.MinCost || *cost > bcrypt.MaxCost {
+		return fmt.Errorf("meridian keys: --bcrypt-cost %d: want %d to %d", *cost, bcrypt.MinCost, bcrypt.MaxCost)
 	}
 	var users []natsUser
 	if *natsDir != "" {
@@ -72,7 +76,7 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if *natsDir != "" {
-		if err := writeNATSUsers(*natsDir, users, stderr); err != nil {
+		if err := writeNATSUsers(*natsDir, users, *cost, stderr); err != nil {
 			return fmt.Errorf("meridian keys: %w", err)
 		}
 	}
@@ -143,7 +147,7 @@ func natsUsers(agents, candidates, cluster, bucket string) ([]natsUser, error) {
 // writeNATSUsers writes each user's password file and nats-users.conf
 // into dir, creating each file exclusively: a second run must not replace
 // the passwords running agents use. On an error it removes what it wrote.
-func writeNATSUsers(dir string, users []natsUser, stderr io.Writer) (err error) {
+func writeNATSUsers(dir string, users []natsUser, cost int, stderr io.Writer) (err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -183,7 +187,7 @@ func writeNATSUsers(dir string, users []natsUser, stderr io.Writer) (err error) 
 			return err
 		}
 		pass := base64.RawURLEncoding.EncodeToString(pw)
-		hash, err := bcrypt.GenerateFromPassword([]byte(pass), natsBcryptCost)
+		hash, err := bcrypt.GenerateFromPassword([]byte(pass), cost)
 		if err != nil {
 			return err
 		}

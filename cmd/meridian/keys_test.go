@@ -66,6 +66,7 @@ func TestKeysNATSUsersBadInput(t *testing.T) {
 		{[]string{"--nats-dir", dir, "--cluster", "c", "--agents", "eu/eu-1", "--candidates", "us/us-1"}, "us/us-1 is not in --agents"},
 		{[]string{"--nats-dir", dir, "--cluster", "c", "--agents", "eu/eu.1"}, "agent: \"eu.1\""},
 		{[]string{"--nats-dir", dir, "--cluster", "c.d", "--agents", "eu/eu-1"}, "cluster: \"c.d\""},
+		{[]string{"--nats-dir", dir, "--cluster", "c", "--agents", "eu/eu-1", "--bcrypt-cost", "3"}, "--bcrypt-cost 3: want 4 to 31"},
 	} {
 		var out bytes.Buffer
 		err := runKeys(context.Background(), c.args, &out, &out)
@@ -79,7 +80,7 @@ func TestKeysNATSUsersBadInput(t *testing.T) {
 	if ents, _ := os.ReadDir(dir); len(ents) > 0 {
 		t.Fatalf("bad flags wrote %d files", len(ents))
 	}
-	args := []string{"--nats-dir", dir, "--cluster", "c", "--agents", "eu/eu-1,us/us-1"}
+	args := []string{"--nats-dir", dir, "--cluster", "c", "--agents", "eu/eu-1,us/us-1", "--bcrypt-cost", "4"}
 	if err := runKeys(context.Background(), args, io.Discard, io.Discard); err != nil {
 		t.Fatal(err)
 	}
