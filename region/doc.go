@@ -137,6 +137,22 @@
 // least its safe burst, so a region running its safe share never holds
 // more burst than the table gives it.
 //
+// Two rules keep Σ of the shares in force within the budget through
+// changes the coordinator cannot order (issue 17; the explorer found both
+// under policy reloads). A budget that shrinks — the policy reloaded, or a
+// table computed for the smaller budget — takes every limit the key runs,
+// the one still in force before a pending change included, down at once to
+// the same part of the new budget (interval scaled up, burst down, never
+// above the limit it was): the coordinator counts shares in ppm of the
+// budget, so the old budget's regional limit would be more than the
+// region's part of the new one. And a table's pending change lowers at once
+// whatever it lowers (a burst that falls while the rate rises is fenced with
+// the increases, at one effective time, where a region whose store clock
+// runs ahead could raise its burst first): until its effective time the key
+// runs the lower, in each of rate and burst, of what was in force and the
+// change. Both only ever lower a limit under the epoch it already has, so
+// no token is created.
+//
 // InForce (what reports and acknowledgements name) is the newest table
 // surely in force on the store: one whose effective time plus MaxSkew has
 // passed on the node's clock. Until the newest table qualifies, it is the
