@@ -22,8 +22,10 @@ func ppmOf(budget, l gcra.Limit) int64 {
 // is at once at most the same part of the new budget: the coordinator
 // counts each region's share in ppm of the budget, so a region still
 // running the old budget's limit runs twice its part. Fails on 02acb44:
-// the policy mismatch kept the old Previous limit until the row's pending
-// effective time, and a table with the new budget under the same row
+// the policy mismatch ran the pending change itself as the previous
+// version (90 % from now, not 70 %) and kept the old budget's limits until
+// the row's pending effective time, and a table with the new budget under
+// the same row
 // version kept the old limits outright (explorer schedules 83 and 87 of
 // seed 1: Σ shares in force 1.9·10⁶ and 1.03·10⁶ ppm of the new budget).
 func TestNodeBudgetShrinkTakesLimitsDown(t *testing.T) {

@@ -310,7 +310,8 @@ func (n *Node) reduce(o *row, now int64) row {
 	// change's own effective time (a lapse or a policy mismatch reduces
 	// from there) that is the version it replaces, not the change — which
 	// as the schedule's previous version would run before its fence
-	// (explorer schedule 87 of seed 1: Σ shares in force 2.0·10⁶ ppm).
+	// (TestNodeBudgetShrinkTakesLimitsDown, "policy reloaded": 90 % in
+	// force an hour early).
 	nr.sched = change(inForceAt(&o.sched, now-1), gcra.Version{Limit: lim, Epoch: epochOf(o.version, nr.sub), Effective: now})
 	return nr
 }
