@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -46,6 +47,10 @@ import (
 type ExploreOptions struct {
 	// N is the number of schedules to run.
 	N int
+	// First is the first schedule's index: Explore runs schedules First
+	// to First+N-1, so that a long run can be split into parts (on one
+	// binary) whose reports add up to the whole run's.
+	First int
 	// Seed derives every schedule (schedule i draws from PCG(Seed, i)).
 	Seed uint64
 	// Base is the scenario the schedules start from: its regions (the
@@ -73,8 +78,10 @@ type ExploreOptions struct {
 
 // ExploreReport is what Explore found.
 type ExploreReport struct {
-	Seed      uint64 `json:"seed"`
-	Schedules int    `json:"schedules"`
+	Seed uint64 `json:"seed"`
+	// First is the first schedule's index; Schedules how many ran.
+	First     int `json:"first"`
+	Schedules int `json:"schedules"`
 	// OverAdmitting counts the schedules that chose an over-admitting mode
 	// (OA_budget not checked).
 	OverAdmitting int `json:"over_admitting"`
@@ -444,6 +451,9 @@ func Explore(opt ExploreOptions) (*ExploreReport, error) {
 	if opt.N < 0 {
 		return nil, fmt.Errorf("sim: explore: N %d is negative", opt.N)
 	}
+	if opt.First < 0 || opt.First > math.MaxInt-opt.N {
+		return nil, fmt.Errorf("sim: explore: First %d is negative or runs past the last schedule index", opt.First)
+	}
 	if len(base.Regions) < 2 {
 		return nil, fmt.Errorf("sim: explore: the base scenario %q has %d region: partitions need two", base.Name, len(base.Regions))
 	}
@@ -480,18 +490,18 @@ func Explore(opt ExploreOptions) (*ExploreReport, error) {
 						}
 						mu.Unlock()
 					}()
-					p := draw(base, opt.Seed, i, opt.Kinds)
+					p := draw(base, opt.Seed, opt.First+i, opt.Kinds)
 					o := &out[i]
 					o.over = overAdmitting(p.sc, p.strategy)
 					o.v, o.st, o.err = p.run(opt.bug)
 					if o.err != nil {
-						o.err = fmt.Errorf("schedule %d: %w", i, o.err)
+						o.err = fmt.Errorf("schedule %d: %w", opt.First+i, o.err)
 						return
 					}
 					if o.v != nil {
 						o.failure, o.err = shrink(p, o.v, opt)
 						if o.failure != nil {
-							o.failure.Schedule = i
+							o.failure.Schedule = opt.First + i
 							o.failure.YAML = failureYAML(opt.Seed, o.failure)
 						}
 					}
@@ -520,7 +530,7 @@ dispatch:
 	if interrupted {
 		return nil, fmt.Errorf("%w after %d of %d schedules", ErrStopped, done, opt.N)
 	}
-	rep := &ExploreReport{Seed: opt.Seed, Schedules: opt.N}
+	rep := &ExploreReport{Seed: opt.Seed, First: opt.First, Schedules: opt.N}
 	for i := range out {
 		o := &out[i]
 		if o.err != nil {

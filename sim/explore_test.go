@@ -165,6 +165,24 @@ func TestExploreDeterministic(t *testing.T) {
 	if !reflect.DeepEqual(a, b) {
 		t.Errorf("seed 7 with 1 and 3 workers: reports differ:\n%+v\n%+v", a, b)
 	}
+	// A run in two parts (First) finds what the whole run finds.
+	h := n / 2
+	p1, err := Explore(ExploreOptions{N: h, Seed: 7, Workers: 2, MaxShrinkRuns: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := Explore(ExploreOptions{N: n - h, First: h, Seed: 7, Workers: 2, MaxShrinkRuns: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p2.First != h || p1.Schedules+p2.Schedules != a.Schedules || p1.Checks+p2.Checks != a.Checks ||
+		p1.Liveness+p2.Liveness != a.Liveness || p1.OverAdmitting+p2.OverAdmitting != a.OverAdmitting ||
+		!reflect.DeepEqual(append(slices.Clone(p1.Failures), p2.Failures...), a.Failures) {
+		t.Errorf("seed 7 in parts [0,%d) and [%d,%d) does not add up to the whole run:\n%+v\n%+v\nwhole: %+v", h, h, n, p1, p2, a)
+	}
+	if _, err := Explore(ExploreOptions{N: 1, First: -1}); err == nil {
+		t.Error("First -1: no error")
+	}
 	for i := range 3 {
 		if p, q := draw(ExploreBase(), 7, i, nil), draw(ExploreBase(), 7, i, nil); !reflect.DeepEqual(p, q) {
 			t.Errorf("schedule %d drawn twice: %+v, then %+v", i, p, q)

@@ -41,6 +41,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	bench := fs.Bool("bench", false, "report simulated decisions per second and peak memory instead of metrics")
 	explore := fs.Int("explore", 0, "run N random fault schedules with the safety checks after every event, shrink each failure to a scenario file, exit 1 on any (--scenario sets the base; default the explorer's own)")
 	seed := fs.Uint64("seed", 1, "with --explore: the seed every schedule derives from")
+	first := fs.Int("first", 0, "with --explore: the first schedule's index (a long run in parts: --first 0 --explore 5000, then --first 5000 ...)")
 	kinds := fs.String("kinds", "", "with --explore: comma-separated fault kinds to draw (default all: "+strings.Join(sim.FaultKinds(), ", ")+")")
 	shrink := fs.Int("shrink", 200, "with --explore: runs spent shrinking each failure (0: print failures unshrunk)")
 	check := fs.Bool("check", false, "run the scenario's runs with the explorer's checks (a shrunk failure's replay); exit 1 on a violation")
@@ -63,16 +64,22 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *explore < 0 {
 		return usageErr("--explore %d: must not be negative", *explore)
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *explore == 0 && (set["first"] || set["kinds"] || set["shrink"]) {
+		return usageErr("--first, --kinds and --shrink go with --explore N")
+	}
 	if *explore > 0 {
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if set["check"] || set["trace"] || set["bench"] || set["out"] {
-			return usageErr("--explore takes --seed, --scenario, --kinds, --shrink and --workers only")
+			return usageErr("--explore takes --seed, --first, --scenario, --kinds, --shrink and --workers only")
+		}
+		if *first < 0 {
+			return usageErr("--first %d: must not be negative", *first)
 		}
 		if *shrink < 0 {
 			return usageErr("--shrink %d: must not be negative", *shrink)
 		}
-		opt := sim.ExploreOptions{N: *explore, Seed: *seed, Workers: *workers, MaxShrinkRuns: *shrink, Stop: ctx.Done()}
+		opt := sim.ExploreOptions{N: *explore, First: *first, Seed: *seed, Workers: *workers, MaxShrinkRuns: *shrink, Stop: ctx.Done()}
 		if *shrink == 0 {
 			opt.MaxShrinkRuns = -1
 		}
@@ -176,8 +183,12 @@ func runExplore(opt sim.ExploreOptions, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "explore: %d schedules from seed %d (%d over-admitting: OA_budget not checked; %d with the liveness checks, %d with the resume check), %d safety checks: %d violations in %s\n",
-		rep.Schedules, rep.Seed, rep.OverAdmitting, rep.Liveness, rep.Resumed, rep.Checks, len(rep.Failures), time.Since(start).Round(time.Millisecond))
+	from := ""
+	if rep.First > 0 {
+		from = fmt.Sprintf(" (%d to %d)", rep.First, rep.First+rep.Schedules-1)
+	}
+	fmt.Fprintf(stdout, "explore: %d schedules%s from seed %d (%d over-admitting: OA_budget not checked; %d with the liveness checks, %d with the resume check), %d safety checks: %d violations in %s\n",
+		rep.Schedules, from, rep.Seed, rep.OverAdmitting, rep.Liveness, rep.Resumed, rep.Checks, len(rep.Failures), time.Since(start).Round(time.Millisecond))
 	for _, c := range rep.ByCheck() {
 		fmt.Fprintf(stdout, "  %s: %d\n", c.Check, c.N)
 	}
