@@ -261,15 +261,34 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 		}
 		out := make([]int64, len(budgets)*n)
 		for i, b := range budgets {
-			if o, ok := c.kidx[b.Key]; ok && old != nil && c.budgets[o].Limit == b.Limit {
+			o, ok := c.kidx[b.Key]
+			switch {
+			case ok && old != nil && c.budgets[o].Limit == b.Limit:
 				copy(out[i*n:(i+1)*n], old[o*n:(o+1)*n])
-			} else {
+			case ok:
+				splitHeld(b.Limit, shares[i*n:(i+1)*n], c.safe, out[i*n:(i+1)*n])
+			default:
 				splitRow(b.Limit, shares[i*n:(i+1)*n], c.safe, out[i*n:(i+1)*n])
 			}
 		}
 		return out
 	}
 	curB, pubB, targetB := remapB(c.curB, cur), remapB(c.pubB, pub), remapB(c.targetB, target)
+	// A key whose budget changes while its increase waits gives the
+	// increase up: its shares in force (the decrease) sum below PPM, and
+	// the bursts split from them under the new budget need not stay below
+	// the ones split from the target, so the increase could lower one
+	// region's burst while it raises another's — a decrease nobody waited
+	// for (explorer schedule 1956 of seed 1: Σ bursts 30 of 29). The next
+	// rebalance moves it again, break before make.
+	if target != nil {
+		for i, b := range budgets {
+			if o, ok := c.kidx[b.Key]; ok && c.budgets[o].Limit != b.Limit {
+				copy(target[i*n:(i+1)*n], cur[i*n:(i+1)*n])
+				copy(targetB[i*n:(i+1)*n], curB[i*n:(i+1)*n])
+			}
+		}
+	}
 	version := make([]uint64, len(budgets))
 	state := make([]float64, len(budgets)*n)
 	rows := make([]KeyShares, len(budgets))
@@ -433,10 +452,18 @@ func (c *Coordinator) adopt(t *Table) {
 					brow[ri] = ks.Bursts[i]
 				}
 			}
+			c.version[k] = ks.Version
 		} else {
-			splitRow(c.budgets[k].Limit, row, c.safe, brow)
+			// The budget changed since the stored table (a policy
+			// reload before the term began): the bursts are split
+			// afresh and the row gets a new version, as SetBudgets gives
+			// it, so that agents apply the new limits as a change rather
+			// than keep the stored version's (explorer schedule 7961 of
+			// seed 1: a region kept the old burst scaled down, 6 where
+			// the table said 5, and Σ bursts reached 9 of 8).
+			splitHeld(c.budgets[k].Limit, row, c.safe, brow)
+			c.version[k] = ks.Version + 1
 		}
-		c.version[k] = ks.Version
 	}
 	// What the stored table published is what the next table compares
 	// with, so unchanged keys keep their versions across a failover.

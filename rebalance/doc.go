@@ -207,4 +207,14 @@
 // stored table names other agents in: it may still run that older table
 // until its lease, which is at most the stored one. Tables are ordered by
 // (Term, Epoch); an agent refuses anything older than what it holds.
+//
+// A key whose budget changes (SetBudgets, or a term that starts from a
+// table stored under another budget) gets a new version and bursts split
+// afresh from its shares in force under the new budget — but only their
+// part of it: mid-transition those shares sum below PPM, and the ppm no
+// region holds may still be run, with their burst, by an agent that has
+// not applied the decrease, so they count as one more region in the split.
+// An increase waiting when the budget changes is given up (its bursts,
+// split from other shares, need not stay above the ones in force); the
+// next rebalance moves the key again, break before make.
 package rebalance

@@ -133,23 +133,54 @@ func (ks *KeyShares) Limit(r int) gcra.Limit {
 // that runs its safe share — its safe burst, never exceeds the budget's
 // burst.
 func splitRow(budget gcra.Limit, shares, safe []uint32, out []int64) {
+	split(budget, shares, safe, out, false)
+}
+
+// splitHeld is splitRow for shares in force that may sum below PPM while
+// an increase waits (a budget changed under them): those shares get that
+// part of the burst, not all of it. The ppm no region holds count as one
+// more region, which takes its part and keeps none of it beyond what the
+// floors and the regions with a share need, because they may still be run
+// by a region that has not yet applied the decrease: splitting the whole
+// burst over the rest would give it away twice (explorer schedule 7173 of
+// seed 1: a budget raised mid-transition split 55 over shares summing to
+// 86.7 %, and a region still on the table before the decrease took Σ
+// bursts to 58). For shares summing to PPM it is splitRow.
+func splitHeld(budget gcra.Limit, shares, safe []uint32, out []int64) {
+	split(budget, shares, safe, out, true)
+}
+
+func split(budget gcra.Limit, shares, safe []uint32, out []int64, held bool) {
 	n := len(shares)
-	var la [16]gcra.Limit
-	var wa [16]float64
-	var fa [16]int64
-	var ha [16]bool
-	l, w, f, has := la[:0], wa[:0], fa[:0], ha[:0]
-	if n <= len(la) {
-		l, w, f, has = la[:n], wa[:n], fa[:n], ha[:n]
+	sum := int64(0)
+	for _, s := range shares {
+		sum += int64(s)
+	}
+	m := n
+	if held && sum < PPM {
+		m = n + 1 // the unheld ppm
+	}
+	var la [17]gcra.Limit
+	var wa [17]float64
+	var fa, ba [17]int64
+	var sa [17]uint32
+	var ha [17]bool
+	l, w, f, b, sh, has := la[:0], wa[:0], fa[:0], ba[:0], sa[:0], ha[:0]
+	if m <= len(la) {
+		l, w, f, b, sh, has = la[:m], wa[:m], fa[:m], ba[:m], sa[:m], ha[:m]
 	} else {
-		l, w, f, has = make([]gcra.Limit, n), make([]float64, n), make([]int64, n), make([]bool, n)
+		l, w, f, b, sh, has = make([]gcra.Limit, m), make([]float64, m), make([]int64, m), make([]int64, m), make([]uint32, m), make([]bool, m)
 	}
 	for i, s := range shares {
+		sh[i] = s
 		has[i] = s > 0
 		f[i] = SafeLimit(budget, safe[i], n).Burst()
 	}
-	Derive(budget, shares, f, has, l, w, out)
-	for i := range l {
+	if m > n {
+		sh[n], has[n], f[n] = uint32(PPM-sum), false, 0
+	}
+	Derive(budget, sh, f, has, l, w, b)
+	for i := range n {
 		out[i] = l[i].Burst()
 	}
 }

@@ -1,0 +1,130 @@
+package rebalance
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/meridian-quota/meridian/gcra"
+)
+
+func burstsOf(tb *Table, key string) []int64 {
+	for _, ks := range tb.Keys {
+		if ks.Key == key {
+			return ks.Bursts
+		}
+	}
+	return nil
+}
+
+// midTransition returns a coordinator whose key k moves from region c to
+// region a: the decrease is out and the increase waits, because c1 does
+// not acknowledge it; before is the table before the decrease, which c1
+// may run until its lease.
+func midTransition(t *testing.T) (c *Coordinator, before *Table, now int64) {
+	t.Helper()
+	c = mustCoordinator(t, unitConfig("a", "b", "c"), budget("k"))
+	if err := c.MemberChange([]Member{{"a", "a1"}, {"b", "b1"}, {"c", "c1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	take(c)
+	observe(t, c, "a", "a1", 0, sec, map[string]int64{"k": 100})
+	observe(t, c, "b", "b1", 0, sec, map[string]int64{"k": 100})
+	observe(t, c, "c", "c1", 0, sec, map[string]int64{"k": 800})
+	c.Tick(sec)
+	take(c)
+	settle(t, c, sec)
+	before = c.Latest()
+	observe(t, c, "a", "a1", 1, 2*sec, map[string]int64{"k": 800})
+	observe(t, c, "b", "b1", 1, 2*sec, map[string]int64{"k": 100})
+	observe(t, c, "c", "c1", 1, 2*sec, map[string]int64{"k": 100})
+	c.Tick(2 * sec)
+	take(c)
+	if !c.transition {
+		t.Fatal("setup: no transition")
+	}
+	return c, before, 2 * sec
+}
+
+// A budget raised while an increase waits must not hand out the burst a
+// region that has not applied the decrease still runs: whatever mix of the
+// table before the decrease (c1's) and the tables after it the regions
+// run, Σ bursts stays within the new burst, and no table lowers one
+// region's burst while it raises another's. Fails on 7904ae3 (explorer
+// schedules 1956 and 7173 of seed 1): SetBudgets split the new burst over
+// the shares in force, which sum below PPM mid-transition, giving a and b
+// what c1 still held (Σ 160 of 125), and the waiting increase its bursts
+// split afresh, lower than those in force for some region.
+func TestSetBudgetsMidTransitionKeepsBurstsBacked(t *testing.T) {
+	c, before, now := midTransition(t)
+	grown := Budget{Key: "k", Limit: gcra.PerSecond(1250, 125)}
+	if err := c.SetBudgets([]Budget{grown}); err != nil {
+		t.Fatal(err)
+	}
+	skew := int64(c.cfg.MaxSkew / time.Microsecond)
+	held := burstsOf(before, "k")[2] // c1 runs it until its lease
+	prev := c.Latest()
+	for ; now < before.Leases[2]+skew; now += sec / 10 {
+		if i := now/sec - 1; now%sec == 0 && i > 1 {
+			observe(t, c, "a", "a1", i, now, map[string]int64{"k": 800})
+			observe(t, c, "b", "b1", i, now, map[string]int64{"k": 100})
+			if err := c.Observe(&Report{Region: "c", Agent: "c1", Interval: i, Term: before.Term, Epoch: before.Epoch,
+				Keys: []KeyDemand{{Key: "k", Demand: Demand{Offered: 100, OfferedCost: 100}}}}, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.Tick(now)
+		for _, tb := range take(c) {
+			b := burstsOf(tb, "k")
+			if sum := b[0] + b[1] + max(b[2], held); sum > grown.Limit.Burst() {
+				t.Fatalf("t=%dµs: table %d/%d bursts %v with c1 on %v (c at %d): Σ %d above the burst %d",
+					now, tb.Term, tb.Epoch, b, burstsOf(before, "k"), held, sum, grown.Limit.Burst())
+			}
+			p := burstsOf(prev, "k")
+			if slices.ContainsFunc([]int{0, 1, 2}, func(r int) bool { return b[r] < p[r] }) &&
+				slices.ContainsFunc([]int{0, 1, 2}, func(r int) bool { return b[r] > p[r] }) && prev.Keys[0].Budget == tb.Keys[0].Budget {
+				t.Fatalf("t=%dµs: table %d/%d bursts %v after %v: one falls while another rises", now, tb.Term, tb.Epoch, b, p)
+			}
+			prev = tb
+		}
+		ack := c.Latest()
+		for _, a := range [][2]string{{"a", "a1"}, {"b", "b1"}} {
+			if err := c.Ack(a[0], a[1], ack.Term, ack.Epoch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// A term that starts from a table stored under another budget (a policy
+// reload before the election) gives the key's row a new version, as
+// SetBudgets does, and splits its bursts under the budget it runs. Fails
+// on 7904ae3 (explorer schedule 7961 of seed 1): the row kept the stored
+// version, so agents kept the old row's limits scaled down (6 where the
+// table said 5; Σ bursts 9 of 8).
+func TestStartTermUnderANewBudgetGivesANewVersion(t *testing.T) {
+	c, _, now := midTransition(t)
+	stored := c.Latest()
+	shrunk := Budget{Key: "k", Limit: gcra.PerSecond(250, 25)}
+	n := mustCoordinator(t, unitConfig("a", "b", "c"), shrunk)
+	if err := n.StartTerm(stored.Term+1, stored, now); err != nil {
+		t.Fatal(err)
+	}
+	tb := take(n)[0]
+	old, row := stored.Keys[0], tb.Keys[0]
+	if row.Version != old.Version+1 || row.Budget != shrunk.Limit {
+		t.Errorf("first table of the new term: key k version %d budget %v, want version %d (stored %d under %v) and budget %v",
+			row.Version, row.Budget, old.Version+1, old.Version, old.Budget, shrunk.Limit)
+	}
+	var sum, ppm int64
+	for r, b := range row.Bursts {
+		sum += b
+		ppm += int64(row.Shares[r])
+	}
+	if want := shrunk.Limit.Burst()*ppm/PPM + 3; sum > want {
+		t.Errorf("bursts %v under shares %v (Σ %d ppm): Σ %d, want at most %d", row.Bursts, row.Shares, ppm, sum, want)
+	}
+}
