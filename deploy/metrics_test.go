@@ -813,6 +813,9 @@ func TestMetricsAlertExpressions(t *testing.T) {
 		{"MeridianCoordinatorFenced", `
   meridian_coordinator_fenced_total{` + a("eu-1") + `} 0x40 1x20
   meridian_coordinator_fenced_total{` + a("eu-2") + `} 0x60`, []string{"instance"}, []string{"agent-eu-1:8080"}},
+		{"MeridianTableHeadOverwritten", `
+  meridian_coordinator_heads_overwritten_total{` + a("eu-1") + `} 0x40 1x20
+  meridian_coordinator_heads_overwritten_total{` + a("us-1") + `} 0x60`, []string{"instance"}, []string{"agent-eu-1:8080"}},
 		{"MeridianShareSumAboveBudget", `
   meridian_coordinator_share_sum_max_ppm{` + a("eu-1") + `} 1000000x60
   meridian_coordinator_share_sum_max_ppm{` + a("eu-2") + `} 1000000x30 1000001x30
@@ -821,8 +824,9 @@ func TestMetricsAlertExpressions(t *testing.T) {
   meridian_cluster_invalid_messages_total{` + a("eu-1") + `, kind="table", reason="signature"} 0x30 1x30
   meridian_cluster_invalid_messages_total{` + a("eu-1") + `, kind="table", reason="malformed"} 0+1x60
   meridian_cluster_invalid_messages_total{` + a("us-1") + `, kind="table", reason="signature"} 0x60
-  meridian_cluster_invalid_messages_total{` + a("us-1") + `, kind="report", reason="sender"} 0x30 1x30`,
-			[]string{"instance", "kind"}, []string{"agent-eu-1:8080 table", "agent-us-1:8080 report"}},
+  meridian_cluster_invalid_messages_total{` + a("us-1") + `, kind="report", reason="sender"} 0x30 1x30
+  meridian_cluster_invalid_messages_total{` + a("ap-1") + `, kind="table", reason="replayed"} 0x30 1x30`,
+			[]string{"instance", "kind"}, []string{"agent-ap-1:8080 table", "agent-eu-1:8080 table", "agent-us-1:8080 report"}},
 		{"MeridianRedisStateLost", `
   meridian_redis_state_lost_total{` + a("eu-1") + `} 0x30 1x30
   meridian_redis_state_lost_total{` + a("us-1") + `} 0x60`,

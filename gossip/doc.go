@@ -24,6 +24,9 @@
 //     chunks, then compare-and-sets the head on the revision the
 //     coordinator last wrote: that write is the publication, and a deposed
 //     coordinator's write fails (ErrFenced) once its successor has written.
+//     A fenced coordinator reads the head: only a verified table of a later
+//     term deposes it (protocol.Term.Fenced); one no coordinator wrote — a
+//     forgery, garbage, a replayed older table — is stored over.
 //     Tables and the election use a connection with no reconnect buffer, so
 //     nothing about them is replayed after an outage.
 //   - Election (election.go): one key of a protocol.KV (<cluster>.leader
@@ -51,13 +54,16 @@
 //     reports and acks and hands them over, every TickEvery passes the
 //     node's policy, the live members and the time, signs the table Tick
 //     returns and compare-and-sets it, tells the Term the store's answer
-//     (a fence ends the term), and logs and counts the Term's events. The
+//     (a fence: the head that fenced it, which ends the term only if another
+//     coordinator wrote it), and logs and counts the Term's events. The
 //     simulator drives the same Term in virtual time.
 //
 // Every inbound message is decoded and validated by gossip/wire; one that
-// fails (bad signature, other cluster, malformed, older than the table in
-// force) is counted in meridian_cluster_invalid_messages_total or
-// meridian_cluster_tables_total{result="stale"} and never applied.
+// fails (bad signature, other cluster, malformed, a replayed head older
+// than one already seen) is counted in
+// meridian_cluster_invalid_messages_total, and one not newer than the table
+// in force in meridian_cluster_tables_total{result="stale"}; neither is
+// applied.
 //
 // # Deployment and failure
 //

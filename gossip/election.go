@@ -98,6 +98,11 @@ type Election struct {
 	Closed <-chan struct{}
 	// Log receives the campaign's events (nil: discarded).
 	Log *slog.Logger
+	// TermFloor, when set, returns the newest table term this candidate
+	// has seen; it takes no term at or below it (protocol.Candidate's
+	// SetFloor), so terms keep rising even when the record is lost with
+	// its bucket.
+	TermFloor func() uint64
 
 	// wrap names a KV error for Leader (nil: "gossip: <what>: err").
 	wrap func(what string, err error) error
@@ -216,6 +221,7 @@ func (e Election) Campaign(ctx context.Context, cfg ElectionConfig, maxSkew time
 		base:      time.Now(),
 		onElected: onElected,
 		onDeposed: onDeposed,
+		floor:     e.TermFloor,
 		log:       log.With("candidate", cfg.ID),
 	}
 	return c.run(ctx)
@@ -232,7 +238,16 @@ type campaign struct {
 	base      time.Time // the origin of the candidate's monotonic clock
 	onElected func(uint64)
 	onDeposed func(uint64)
+	floor     func() uint64 // nil: none
 	log       *slog.Logger
+}
+
+// step is the candidate's Step, its floor set first.
+func (c *campaign) step(res protocol.KVResult) (protocol.KVOp, []protocol.ElectionEvent) {
+	if c.floor != nil {
+		c.cand.SetFloor(c.floor())
+	}
+	return c.cand.Step(c.now(), res)
 }
 
 // now reads both clocks at once: the wall clock, and base's monotonic
@@ -251,7 +266,7 @@ func (c *campaign) run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
-	op, evs := c.cand.Step(c.now(), protocol.KVResult{})
+	op, evs := c.step(protocol.KVResult{})
 	for {
 		c.report(evs)
 		var res protocol.KVResult
@@ -275,7 +290,7 @@ func (c *campaign) run(ctx context.Context) error {
 				return nil
 			}
 		}
-		op, evs = c.cand.Step(c.now(), res)
+		op, evs = c.step(res)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -187,7 +188,8 @@ type Loop struct {
 	tables chan *rebalance.Table
 
 	mu     sync.Mutex
-	issued int64 // the newest delivered table's Issued
+	issued int64     // the newest delivered table's Issued
+	seen   [2]uint64 // its (term, epoch)
 	leader bool
 	skew   map[string]float64
 	holder Leadership
@@ -196,6 +198,9 @@ type Loop struct {
 
 	// Which tables reach the agent (watchTables only).
 	follower protocol.Follower
+	// seenTerm is the newest table term delivered or coordinated: the
+	// election's term floor.
+	seenTerm atomic.Uint64
 }
 
 // NewLoop makes a loop on net (see [Ports]; [NewPorts] for a dialled
@@ -217,7 +222,7 @@ func NewLoop(cfg LoopConfig, net Ports, node *region.Node, reg prometheus.Regist
 	if err != nil {
 		return nil, err
 	}
-	return &Loop{
+	l := &Loop{
 		cfg: cfg, bus: net.Bus, store: net.Tables, elect: net.Election, mem: net.Members,
 		node: node, log: log, m: m,
 		now:    func() int64 { return time.Now().UnixMicro() },
@@ -229,7 +234,9 @@ func NewLoop(cfg LoopConfig, net Ports, node *region.Node, reg prometheus.Regist
 		storeClock: func(context.Context) (int64, error) {
 			return time.Now().UnixMicro(), nil
 		},
-	}, nil
+	}
+	l.elect.TermFloor = l.seenTerm.Load
+	return l, nil
 }
 
 // SetStoreClock makes reports and acks carry the region store's clock (µs;
@@ -434,12 +441,19 @@ func (l *Loop) watchTables(ctx context.Context) error {
 			return
 		}
 		if ok, reason := l.follower.Offer(t); !ok {
+			if reason == protocol.TableOlder {
+				last, lastEpoch := l.follower.Last()
+				l.invalid("table", fmt.Errorf("%w: table %d/%d on revision %d after %d/%d", protocol.ErrReplayed, t.Term, t.Epoch, rev, last, lastEpoch))
+				return
+			}
 			l.m.tables.WithLabelValues(reason).Inc()
 			return
 		}
 		l.mu.Lock()
 		l.issued = t.Issued
+		l.seen = [2]uint64{t.Term, t.Epoch}
 		l.mu.Unlock()
+		l.seeTerm(t.Term)
 		select {
 		case l.tables <- t:
 		case <-ctx.Done():
@@ -660,6 +674,16 @@ func checkSender(from protocol.Sender, region, agent string) error {
 	return fmt.Errorf("%w: %s/%s claims to be %s/%s", protocol.ErrSender, from.Region, from.Agent, region, agent)
 }
 
+// seeTerm raises the election's term floor to term.
+func (l *Loop) seeTerm(term uint64) {
+	for {
+		cur := l.seenTerm.Load()
+		if term <= cur || l.seenTerm.CompareAndSwap(cur, term) {
+			return
+		}
+	}
+}
+
 // errDeposed ends a term whose table write was fenced, or whose stored
 // table's term is not below it.
 var errDeposed = protocol.ErrDeposed
@@ -706,10 +730,18 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			latest = nil
 		}
 	}
+	l.mu.Lock()
+	seen := l.seen
+	l.mu.Unlock()
+	if protocol.Replayed(latest, seen[0], seen[1]) {
+		l.invalid("table", fmt.Errorf("%w: the stored head holds table %d/%d, this agent had %d/%d", protocol.ErrReplayed, latest.Term, latest.Epoch, seen[0], seen[1]))
+		latest = nil
+	}
 	var live []rebalance.Member // nil without membership
 	if l.mem != nil {
 		live = l.mem.Live()
 	}
+	l.seeTerm(max(term, termOf(latest)))
 	tm, err := protocol.NewTerm(l.termConfig(), term, latest, live, l.node.Policy(), l.now())
 	if err != nil {
 		return err
@@ -728,9 +760,35 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			return fmt.Errorf("encode table: %w", err)
 		}
 		nrev, serr := l.store.StoreTable(ctx, rev, t.Term, t.Epoch, chunks)
-		if err := tm.Stored(t, serr); err != nil {
-			l.m.fenced.Inc()
-			return err
+		if tm.Stored(t, serr) != nil {
+			// The head moved: only another coordinator's table ends the
+			// term; a head no coordinator wrote is written over on its
+			// revision at the next tick.
+			h, hrev, ok, herr := l.store.LatestTable(ctx)
+			if herr != nil {
+				l.m.errors.WithLabelValues("table").Inc()
+				log.Warn("read the head that fenced a table write (retrying next tick)", "epoch", t.Epoch, "err", herr)
+				return nil
+			}
+			var cur *rebalance.Table
+			if ok {
+				var verr error
+				if cur, verr = l.readTable(ctx, l.tableReader(), h); verr != nil {
+					l.invalid("table", verr)
+					cur = nil
+				}
+			}
+			if err := tm.Fenced(cur); err != nil {
+				l.m.fenced.Inc()
+				return err
+			}
+			if cur != nil {
+				l.invalid("table", fmt.Errorf("%w: table %d/%d under term %d", protocol.ErrReplayed, cur.Term, cur.Epoch, term))
+			}
+			l.m.overwritten.Inc()
+			log.Warn("table head written by no coordinator: storing over it", "revision", hrev, "epoch", t.Epoch)
+			rev = hrev
+			return nil
 		}
 		if serr != nil {
 			l.m.errors.WithLabelValues("table").Inc()

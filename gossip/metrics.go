@@ -20,6 +20,7 @@ type loopMetrics struct {
 	coordTerm   prometheus.Gauge
 	published   prometheus.Counter
 	fenced      prometheus.Counter
+	overwritten prometheus.Counter
 	maxShareSum prometheus.Gauge
 	keys        prometheus.Gauge
 	overflow    prometheus.Counter
@@ -54,6 +55,8 @@ func newLoopMetrics(reg prometheus.Registerer, regions []string) (*loopMetrics, 
 			Help: "Tables this agent stored and published as coordinator."}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{Name: "meridian_coordinator_fenced_total",
 			Help: "Table writes refused because another coordinator wrote first (this one was deposed)."}),
+		overwritten: prometheus.NewCounter(prometheus.CounterOpts{Name: "meridian_coordinator_heads_overwritten_total",
+			Help: "Table heads no coordinator wrote (forged, unverifiable or replayed) that this coordinator found fencing its write and stored over; none deposes it."}),
 		maxShareSum: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_coordinator_share_sum_max_ppm",
 			Help: "The largest sum of shares (ppm) over the keys of the last table this coordinator published; never above 1e6."}),
 		keys: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_coordinator_keys",
@@ -85,7 +88,7 @@ func newLoopMetrics(reg prometheus.Registerer, regions []string) (*loopMetrics, 
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.msgs, m.bytes, m.errors, m.dropped, m.invalid, m.tables,
-			m.tableTerm, m.tableEpoch, m.members, m.leader, m.coordTerm, m.published, m.fenced,
+			m.tableTerm, m.tableEpoch, m.members, m.leader, m.coordTerm, m.published, m.fenced, m.overwritten,
 			m.maxShareSum, m.keys, m.overflow, m.skew} {
 			if err := reg.Register(c); err != nil {
 				return nil, err

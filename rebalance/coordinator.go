@@ -54,6 +54,8 @@ type Coordinator struct {
 
 	learning     bool
 	learnUntil   int64
+	blind        bool   // a later term with no stored table: learning lasts until learnUntil
+	vbase        uint64 // the version a key new to this term starts from
 	learnEpoch   uint64 // the first republished table: acks at or after it end learning
 	learnWaitFor map[agentKey]bool
 
@@ -267,6 +269,10 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 				copy(out[i*n:(i+1)*n], old[o*n:(o+1)*n])
 			case ok:
 				splitHeld(b.Limit, shares[i*n:(i+1)*n], c.safe, out[i*n:(i+1)*n])
+			case c.blind && c.learning:
+				// A key new to a blind term may be one an earlier
+				// term's agents still run: its floors get their part.
+				splitHeld(b.Limit, shares[i*n:(i+1)*n], c.safe, out[i*n:(i+1)*n])
 			default:
 				splitRow(b.Limit, shares[i*n:(i+1)*n], c.safe, out[i*n:(i+1)*n])
 			}
@@ -313,8 +319,10 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 				version[i]++
 			}
 		} else if rk, ok := c.retired[b.Key]; ok {
-			version[i] = rk.version + 1
+			version[i] = max(rk.version+1, c.vbase)
 			delete(c.retired, b.Key)
+		} else {
+			version[i] = c.vbase
 		}
 	}
 	for i, b := range c.budgets {
@@ -371,12 +379,37 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 	}
 	c.term, c.now = term, now
 	c.transition, c.target, c.targetB = false, nil, nil
+	// Keys this term budgets first get versions above any an earlier term
+	// gave (each gives fewer than 2³² per key): agents keep a row whose
+	// version went backwards, so a term that cannot see the stored table
+	// must not restart them at 1 (issue 17, defect 3).
+	c.vbase = (term - 1) << 32
+	for k := range c.version {
+		c.version[k] = max(c.version[k], c.vbase)
+	}
 	if latest != nil {
 		c.epoch = max(c.epoch, latest.Epoch)
 		c.adopt(latest)
 	}
 	c.latest = latest
-	c.learning = latest != nil && !c.cfg.Shadow
+	// A later term with no stored table to start from (the bucket was
+	// lost, or its head could not be verified) cannot know what the
+	// agents run: their earlier tables hold until their leases, at most
+	// one lease from now. It publishes the floors and waits that lease
+	// plus MaxSkew before it rebalances, as learning mode waits for agents
+	// it cannot hear from.
+	c.blind = latest == nil && term > 1
+	c.learning = (latest != nil || c.blind) && !c.cfg.Shadow
+	if c.blind {
+		// Floors with only their part of each burst (splitHeld): the
+		// whole burst split over the floors would add to what agents
+		// still on an earlier term's table run (explorer schedule 200 of
+		// seed 1: Σ bursts 295 of 266).
+		n := c.nR
+		for k := range c.budgets {
+			splitHeld(c.budgets[k].Limit, c.cur[k*n:(k+1)*n], c.safe, c.curB[k*n:(k+1)*n])
+		}
+	}
 	c.learnUntil = now + int64(c.cfg.Lease/time.Microsecond) + int64(c.cfg.MaxSkew/time.Microsecond)
 	c.learnWaitFor = map[agentKey]bool{}
 	if latest != nil {
@@ -603,7 +636,7 @@ func (c *Coordinator) Tick(now int64) {
 	now = c.now
 	if c.learning {
 		done := now >= c.learnUntil
-		if !done {
+		if !done && !c.blind {
 			done = true
 			for k := range c.learnWaitFor {
 				if !c.acked(k, c.term, c.learnEpoch) {

@@ -208,6 +208,21 @@
 // until its lease, which is at most the stored one. Tables are ordered by
 // (Term, Epoch); an agent refuses anything older than what it holds.
 //
+// A term after the first with no stored table to start from — the bucket
+// was lost, its head could not be verified, or it was a replay of a table
+// older than one the candidate's agent had (the shell passes nil) — cannot
+// know what the agents run: each may hold an earlier term's table until
+// its lease, at most one lease from now. Such a blind term publishes the
+// floors, each with only its part of the burst (a unit owed to a region
+// with a share is not given: with a burst below the number of regions it
+// may be the one an old table still holds), and stays in learning mode
+// for one lease plus MaxSkew, acknowledgements or not; then every agent
+// runs its tables or has lapsed to its safe share. Row versions never go
+// back across terms: a key a term budgets first (not adopted from the
+// stored table) starts at version (term−1)·2³², above any an earlier term
+// can have given it (fewer than 2³² changes per key per term), because an
+// agent keeps a row whose version went backwards.
+//
 // A key whose budget changes (SetBudgets, or a term that starts from a
 // table stored under another budget) gets a new version and bursts split
 // afresh from its shares in force under the new budget — but only their

@@ -140,8 +140,10 @@ func splitRow(budget gcra.Limit, shares, safe []uint32, out []int64) {
 // an increase waits (a budget changed under them): those shares get that
 // part of the burst, not all of it. The ppm no region holds count as one
 // more region, which takes its part and keeps none of it beyond what the
-// floors and the regions with a share need, because they may still be run
-// by a region that has not yet applied the decrease: splitting the whole
+// floors need (no region is owed a unit for having a share: with a burst
+// smaller than the regions that unit is the one they may still hold),
+// because they may still be run by a region that has not yet applied the
+// decrease: splitting the whole
 // burst over the rest would give it away twice (explorer schedule 7173 of
 // seed 1: a budget raised mid-transition split 55 over shares summing to
 // 86.7 %, and a region still on the table before the decrease took Σ
@@ -173,7 +175,7 @@ func split(budget gcra.Limit, shares, safe []uint32, out []int64, held bool) {
 	}
 	for i, s := range shares {
 		sh[i] = s
-		has[i] = s > 0
+		has[i] = s > 0 && !held
 		f[i] = SafeLimit(budget, safe[i], n).Burst()
 	}
 	if m > n {

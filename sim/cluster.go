@@ -267,6 +267,7 @@ func (r *Run) watchRetry(ri, a int) {
 	}
 	w.down = false
 	w.timer.Up(r.now)
+	w.order.Rewatch()
 	r.readBack(ri, a)
 }
 

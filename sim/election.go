@@ -25,6 +25,10 @@ type candidate struct {
 	gen  uint32
 	dead bool
 	res  protocol.KVResult // the answer to the call in flight, once it came
+	// led is the newest term this process coordinated or found stored (a
+	// restart forgets it, as gossip.Loop's seenTerm is lost with the
+	// process).
+	led uint64
 }
 
 // TermStart is one coordinator term of a run: when it started (virtual
@@ -144,11 +148,20 @@ func (r *Run) restart(ci int) error {
 	c := &r.cands[ci]
 	c.dead = false
 	c.gen++
+	c.led = 0
 	if err := r.newCandidate(ci); err != nil {
 		return err
 	}
 	r.schedule(event{t: r.now, kind: evElect, a: int32(ci), b: int32(c.gen)})
 	return nil
+}
+
+// termFloor is what gossip.Loop gives its campaign as the term floor: the
+// newest table term its agent's Follower delivered or its process
+// coordinated.
+func (r *Run) termFloor(c *candidate) uint64 {
+	t, _ := r.regions[c.ri].follow[c.a].Last()
+	return max(t, c.led)
 }
 
 // candClocks are candidate c's clocks now: its host's wall clock (the
@@ -171,6 +184,7 @@ func (r *Run) step(ci int, gen uint32) error {
 	}
 	res := c.res
 	c.res = protocol.KVResult{}
+	c.c.SetFloor(r.termFloor(c))
 	op, evs := c.c.Step(r.candClocks(c), res)
 	for _, ev := range evs {
 		switch ev.Kind {

@@ -666,6 +666,14 @@ func (r *Run) startCoordinator(ci int, term uint64, now int64) error {
 			latest = t
 		}
 	}
+	if lt, le := r.regions[c.ri].follow[c.a].Last(); protocol.Replayed(latest, lt, le) {
+		r.dec.InvalidHeads++
+		latest = nil
+	}
+	c.led = max(c.led, term)
+	if latest != nil {
+		c.led = max(c.led, latest.Term)
+	}
 	tm, err := protocol.NewTerm(r.termConfig(), term, latest, r.live(), r.regions[c.ri].nodes[c.a].Policy(), now)
 	if errors.Is(err, protocol.ErrDeposed) {
 		r.deposeCandidate(ci)
@@ -1490,8 +1498,10 @@ type sentReport struct {
 
 // publish stores t (nil: nothing to store) as coordinate's store does:
 // signed, compare-and-set on the revision the term last wrote or read,
-// the term told the outcome (Stored). Fenced: the term ends and its
-// candidate stands again (deposeCandidate). Failed otherwise: the next
+// the term told the outcome (Stored). Fenced: the head is read and the
+// term told who wrote it (Fenced): another coordinator ends the term and
+// its candidate stands again (deposeCandidate); a head no coordinator
+// wrote is stored over at the next tick. Failed otherwise: the next
 // Tick returns t again. Stored: every agent's watch hears of it.
 func (r *Run) publish(t *rebalance.Table) error {
 	if t == nil || r.coord == nil {
@@ -1502,12 +1512,34 @@ func (r *Run) publish(t *rebalance.Table) error {
 		return fmt.Errorf("sim: encode table: %w", err)
 	}
 	rev, serr := r.storeTable(r.leader, r.crev, t, chunks)
-	if err := r.coord.Stored(t, serr); err != nil {
-		r.dec.Fenced++
-		if r.tkv.rev != 0 && !r.tkv.byCoord && r.check != nil {
-			r.forgedDepose = append(r.forgedDepose, r.now)
+	if r.coord.Stored(t, serr) != nil {
+		// The head moved: read it, as coordinate does, and let the term
+		// say whether another coordinator wrote it.
+		c := &r.cands[r.leader]
+		if !r.kvReachable(c.ri, c.a) {
+			r.dec.StoreErrors++
+			return nil
 		}
-		r.deposeCandidate(r.leader)
+		var cur *rebalance.Table
+		if r.tkv.rev != 0 {
+			h, err := r.readHead(r.tkv.head)
+			switch {
+			case err == nil:
+				cur = h
+			case protocol.Classify(err) == protocol.RefusedUnavailable:
+				r.dec.StoreErrors++
+				return nil
+			}
+		}
+		if err := r.coord.Fenced(cur); err != nil {
+			r.dec.Fenced++
+			if r.tkv.rev != 0 && !r.tkv.byCoord && r.check != nil {
+				r.forgedDepose = append(r.forgedDepose, r.now)
+			}
+			r.deposeCandidate(r.leader)
+			return nil
+		}
+		r.crev = r.tkv.rev // stored over at the next tick
 		return nil
 	}
 	if serr != nil {

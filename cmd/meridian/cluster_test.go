@@ -22,6 +22,7 @@ import (
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -457,6 +458,22 @@ func (a *tAgent) share(key string) (uint32, bool) {
 
 func counter(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
+	v, ok := series(t, reg, name, labels)
+	if !ok {
+		t.Fatalf("no series %s%v", name, labels)
+	}
+	return v
+}
+
+// counted is counter for a series that may not exist yet (0 until then).
+func counted(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	v, _ := series(t, reg, name, labels)
+	return v
+}
+
+func series(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -476,11 +493,10 @@ func counter(t testing.TB, reg *prometheus.Registry, name string, labels map[str
 					continue next
 				}
 			}
-			return value(m)
+			return value(m), true
 		}
 	}
-	t.Fatalf("no series %s%v", name, labels)
-	return 0
+	return 0, false
 }
 
 func value(m *dto.Metric) float64 {
@@ -766,11 +782,16 @@ func TestClusterNATSLoss(t *testing.T) {
 
 // TestClusterRefusesForgedAndReplayedTables: a well-formed table with a
 // newer term signed by another key is refused and counted; so is an old
-// table replayed as the head.
+// table replayed as the head (as invalid, reason "replayed"). Neither
+// deposes the coordinator (issue 17, defect 4): it finds the head that
+// fenced its write was written by no coordinator, stores over it and
+// counts it, and the term goes on. Fails on 1088a93: the forged head
+// deposed the coordinator (a new term started) and the replay was counted
+// as stale.
 func TestClusterRefusesForgedAndReplayedTables(t *testing.T) {
 	c := newTCluster(t)
 	c.startAll()
-	c.leader(10*time.Second, "")
+	lead := c.leader(10*time.Second, "")
 	eu := c.agents["eu"]
 	waitFor(t, 10*time.Second, "a table at eu", func() bool { return eu.node.Table().HasTable })
 	tr := c.dial()
@@ -796,14 +817,91 @@ func TestClusterRefusesForgedAndReplayedTables(t *testing.T) {
 	if got := eu.node.Table(); got.Term == forged.Term {
 		t.Fatalf("forged table applied: %+v", got)
 	}
+	overwritten := func() float64 {
+		return counter(t, lead.reg, "meridian_coordinator_heads_overwritten_total", nil)
+	}
+	waitFor(t, 10*time.Second, "the coordinator storing over the forged head", func() bool {
+		got := eu.node.Table()
+		return overwritten() >= 1 && got.Term == in.Term && got.Epoch > in.Epoch
+	})
 	// Replay: the old head (a validly signed, older table) stored again.
-	stale := counter(t, eu.reg, "meridian_cluster_tables_total", map[string]string{"result": "stale"})
+	_, rev, _, err = tr.LatestTable(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayed := counted(t, eu.reg, "meridian_cluster_invalid_messages_total", map[string]string{"kind": "table", "reason": "replayed"})
 	if _, err := tr.StoreTable(context.Background(), rev, 0, 0, [][]byte{head}); err != nil && !errors.Is(err, gossip.ErrFenced) {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the replayed table counted as stale", func() bool {
-		return counter(t, eu.reg, "meridian_cluster_tables_total", map[string]string{"result": "stale"}) > stale
+	waitFor(t, 5*time.Second, "the replayed table counted as invalid (replayed)", func() bool {
+		return counted(t, eu.reg, "meridian_cluster_invalid_messages_total", map[string]string{"kind": "table", "reason": "replayed"}) > replayed
 	})
+	waitFor(t, 10*time.Second, "the coordinator storing over the replayed head", func() bool { return overwritten() >= 2 })
+	if n := counter(t, lead.reg, "meridian_coordinator_fenced_total", nil); n != 0 {
+		t.Errorf("the coordinator was deposed %v times by heads no coordinator wrote", n)
+	}
+	if got := eu.node.Table(); got.Term != in.Term {
+		t.Errorf("eu runs term %d after the forged and replayed heads, want term %d still", got.Term, in.Term)
+	}
+	c.log.check(t)
+}
+
+// TestClusterBucketLoss: the KV bucket is deleted and created again empty
+// (a JetStream loss, an operator's mistake) under a running cluster. The
+// election record goes with it, yet the next term is above every agent's
+// table (the candidates' term floor); each agent's watch, re-created on
+// the new stream, takes the new term's head though its revision restarted
+// at 1; the term starts blind and every agent applies its tables. Fails on
+// 1088a93: the election restarted at term 1 and the agents refused its
+// tables (and their watches withheld the new bucket's heads) until their
+// leases lapsed. Σ shares in force stay within 10⁶ ppm from every
+// agent's view throughout (the merged log's check).
+func TestClusterBucketLoss(t *testing.T) {
+	c := newTCluster(t)
+	c.startAll()
+	c.leader(10*time.Second, "")
+	for _, r := range tNames {
+		a := c.agents[r]
+		waitFor(t, 10*time.Second, "a table at "+r, func() bool { return a.node.Table().HasTable })
+	}
+	// Past the bucket's first revisions: a leader whose last write had a
+	// revision the new bucket reaches again would renew its record there
+	// (NATS compares revisions only) and keep its term, which this test
+	// does not look at.
+	tr := c.dial()
+	waitFor(t, 20*time.Second, "the bucket past revision 30", func() bool {
+		_, rev, _, err := tr.LatestTable(context.Background())
+		return err == nil && rev > 30
+	})
+	before := c.agents["eu"].node.Table().Term
+	nc, err := nats.Connect(c.nats.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	bucket := "meridian-" + c.name
+	if err := js.DeleteKeyValue(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	lost := time.Now()
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Replicas: 1, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range tNames {
+		a := c.agents[r]
+		waitFor(t, 30*time.Second, r+" on a table of a later term", func() bool {
+			st := a.node.Table()
+			return st.HasTable && !st.Lapsed && st.Term > before
+		})
+	}
+	st := c.agents["eu"].node.Table()
+	t.Logf("every agent on a later term's table %s after the bucket was lost (term %d before, %d/%d now; lease %s, election TTL %s)",
+		time.Since(lost).Round(10*time.Millisecond), before, st.Term, st.Epoch, tLease, tTTL)
 	c.log.check(t)
 }
 

@@ -515,7 +515,8 @@ func (c Config) watchConfig() protocol.WatchConfig {
 // goroutine, for the simulator. A dropped watch is re-created at once and
 // then with backoff (Config.WatchRetryMin … WatchRetryMax) while the
 // bucket cannot be reached; re-created, it delivers the current head
-// again, unless not newer than the last delivered. While up it rereads
+// again, unless it is the last delivered (a recreated bucket's lower
+// revision included: protocol.HeadOrder.Rewatch). While up it rereads
 // the head every Config.WatchResync. stop ends it and waits for a running
 // fn; it must not be called from fn.
 func (a *Agent) WatchHeads(fn func(head []byte, rev uint64)) (stop func()) {
@@ -616,6 +617,9 @@ func (n *Network) createWatch(w *watch, att uint64) {
 	n.scheduleResyncLocked(w, w.timer.Up(n.clock.Now()))
 	e, ok := n.bucket.keys[keyHead]
 	n.mu.Unlock()
+	w.mu.Lock()
+	w.order.Rewatch() // its first head is the current one, whatever its revision
+	w.mu.Unlock()
 	if ok {
 		w.offer(e.value, e.rev)
 	}

@@ -133,6 +133,9 @@ type TermStats struct {
 	Dropped  uint64 // reports Report refused (queue full), this term
 	Learning bool   // the core still republishes the stored table
 	Unstored bool   // a table waits to be stored
+	// Overwritten counts the heads found in the store that no coordinator
+	// wrote (Fenced), this term: forgeries and replays.
+	Overwritten uint64
 }
 
 // Term is one term of the coordinator: which keys are budgeted and under
@@ -146,8 +149,9 @@ type TermStats struct {
 // The shell's loop: NewTerm with the stored head; store Unstored; then, as
 // inputs arrive, Report and Ack; every tick Policy (the policy in force),
 // Members (the live agents), Tick, store what Tick returns, report the
-// outcome with Stored, and drain Events. A term is over once NewTerm or
-// Stored returns ErrDeposed.
+// outcome with Stored (when it says the head moved, read the head and ask
+// Fenced), and drain Events. A term is over once NewTerm or Fenced returns
+// ErrDeposed.
 //
 // A Term is not safe for concurrent use: one goroutine owns it.
 type Term struct {
@@ -162,9 +166,10 @@ type Term struct {
 	members []rebalance.Member
 	synced  bool // members were given to the core
 
-	pending  []*rebalance.Report
-	unstored *rebalance.Table
-	deposed  bool
+	pending     []*rebalance.Report
+	unstored    *rebalance.Table
+	deposed     bool
+	overwritten uint64 // heads no coordinator wrote (Fenced)
 
 	overflow, dropped uint64
 	events            []Event
@@ -251,6 +256,18 @@ func NewTerm(cfg CoordinatorConfig, term uint64, stored *rebalance.Table, member
 	}
 	t.collect()
 	return t, nil
+}
+
+// Replayed reports whether stored, the verified head a new term would
+// start from, is older by (term, epoch) than the table the candidate's own
+// agent last had delivered: a genuine old table written again as the head
+// (no coordinator writes an older one). The shell then starts the term
+// from no table — NewTerm(…, nil, …), which waits a lease before it
+// rebalances — and counts the head as replayed, rather than take its
+// shares for those in force (explorer schedule 4738 of seed 7: Σ shares
+// in force 1,163,858 ppm).
+func Replayed(stored *rebalance.Table, lastTerm, lastEpoch uint64) bool {
+	return stored != nil && (lastTerm > stored.Term || (lastTerm == stored.Term && lastEpoch > stored.Epoch))
 }
 
 // Report queues a complete report for the next Tick, which observes it. sent
@@ -340,10 +357,11 @@ func (t *Term) Tick(now int64) *rebalance.Table {
 func (t *Term) Unstored() *rebalance.Table { return t.unstored }
 
 // Stored reports the store's answer to writing tb. nil: tb is stored and
-// no longer returned. An error wrapping ErrFenced (the head moved: another
-// coordinator wrote) ends the term: Stored returns ErrDeposed. Any other
-// error leaves tb unstored, so the next Tick returns it again (or a newer
-// table); Stored returns nil.
+// no longer returned. Any error leaves tb unstored, so the next Tick
+// returns it again (or a newer table). Stored returns nil, except for an
+// error wrapping ErrFenced (the head moved since the revision the shell
+// wrote on): it returns that error, and the shell reads the head now
+// stored and asks Fenced who wrote it.
 func (t *Term) Stored(tb *rebalance.Table, err error) error {
 	switch {
 	case err == nil:
@@ -352,11 +370,39 @@ func (t *Term) Stored(tb *rebalance.Table, err error) error {
 		}
 		return nil
 	case errors.Is(err, ErrFenced):
-		t.deposed = true
-		return ErrDeposed
+		return err
 	default:
 		return nil
 	}
+}
+
+// Fenced decides what a fenced write means, from the head the store now
+// holds: head is its table as the shell read and verified it, nil when
+// there is none or it could not be verified (forged, garbage, signed by a
+// key this cluster does not trust). Only another coordinator deposes the
+// term: a verified table of a later term, or of this term with an epoch it
+// never made (two coordinators under one term: an election fault), and
+// then Fenced returns ErrDeposed and the term is over. A verified table of
+// this term is its own (a write whose answer was lost, or a replay).
+// Anything else no coordinator wrote — a bucket writer's forgery or a
+// replay of an older term's table — and it neither ends the term nor
+// resets shares: Fenced returns nil and
+// counts it (Stats.Overwritten), and the shell stores the term's table
+// on the head's revision, over it (issue 17, defect 4: each forged or
+// replayed head deposed the coordinator and started a term from the
+// floors). Tables are ordered by (term, epoch), so an agent that saw the
+// bad head refuses it, or the older table, whatever the order.
+func (t *Term) Fenced(head *rebalance.Table) error {
+	made := uint64(0)
+	if l := t.c.Latest(); l != nil {
+		made = l.Epoch
+	}
+	if head != nil && (head.Term > t.term || (head.Term == t.term && head.Epoch > made)) {
+		t.deposed = true
+		return fmt.Errorf("%w: the head holds table %d/%d (this term is %d, its newest epoch %d)", ErrDeposed, head.Term, head.Epoch, t.term, made)
+	}
+	t.overwritten++
+	return nil
 }
 
 // Events returns what the term refused or counted since the last call,
@@ -380,6 +426,7 @@ func (t *Term) Stats() TermStats {
 	return TermStats{
 		Term: t.term, Keys: len(t.keys), Budgeted: t.budgeted, Pending: len(t.pending),
 		Overflow: t.overflow, Dropped: t.dropped, Learning: t.c.Learning(), Unstored: t.unstored != nil,
+		Overwritten: t.overwritten,
 	}
 }
 

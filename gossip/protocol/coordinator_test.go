@@ -387,11 +387,63 @@ func TestTermUnstoredUntilStored(t *testing.T) {
 	if next == nil {
 		t.Fatal("no later table to fence")
 	}
-	if err := tm.Stored(next, fmt.Errorf("store: %w (term 1 epoch %d)", ErrFenced, next.Epoch)); !errors.Is(err, ErrDeposed) {
-		t.Fatalf("fenced store: %v, want ErrDeposed", err)
+	if err := tm.Stored(next, fmt.Errorf("store: %w (term 1 epoch %d)", ErrFenced, next.Epoch)); !errors.Is(err, ErrFenced) {
+		t.Fatalf("fenced store: %v, want ErrFenced (the shell asks Fenced)", err)
+	}
+	// Another coordinator's table of a later term: the term is over.
+	if err := tm.Fenced(&rebalance.Table{Term: 2, Epoch: 1}); !errors.Is(err, ErrDeposed) {
+		t.Fatalf("fenced by term 2's table: %v, want ErrDeposed", err)
 	}
 	if got := tm.Tick(now + 10*dt); got != nil {
 		t.Errorf("a deposed term returned table %+v", got)
+	}
+}
+
+// TestTermFencedByNoCoordinator: a head no coordinator wrote — none, an
+// unverifiable one (the shell passes nil), a replay of an older term's
+// table or of this term's own — neither ends the term nor drops its
+// table: the next Tick returns it again for the shell to store over the
+// head, and each is counted. Only a verified table of a later term, or of
+// this term with an epoch it never made, deposes it. Fails on 1088a93,
+// where every fenced store deposed the term (issue 17, defect 4; explorer
+// schedules 18, 24, 37 and 200 of seed 1, CheckForgedDepose).
+func TestTermFencedByNoCoordinator(t *testing.T) {
+	tm := newTestTerm(t, termConfig(), 5, nil, nil, termPolicy(t, termPolicyA), t0)
+	first := tm.Unstored()
+	if err := tm.Stored(first, nil); err != nil {
+		t.Fatal(err)
+	}
+	now := t0 + dt
+	tm.Report(termReport("eu", "a1", now, keyAcme), 0, now)
+	tb := tm.Tick(now)
+	if tb == nil {
+		t.Fatal("no second table")
+	}
+	heads := []struct {
+		what string
+		head *rebalance.Table
+	}{
+		{"no head, or an unverifiable one", nil},
+		{"a replay of term 4", &rebalance.Table{Term: 4, Epoch: 90}},
+		{"a replay of this term's first table", &rebalance.Table{Term: 5, Epoch: first.Epoch}},
+		{"this term's own newest table (a write whose answer was lost)", &rebalance.Table{Term: 5, Epoch: tb.Epoch}},
+	}
+	for i, h := range heads {
+		if err := tm.Stored(tb, fmt.Errorf("store: %w", ErrFenced)); !errors.Is(err, ErrFenced) {
+			t.Fatalf("%s: Stored %v, want ErrFenced", h.what, err)
+		}
+		if err := tm.Fenced(h.head); err != nil {
+			t.Fatalf("%s: Fenced %v, want nil (no coordinator wrote it)", h.what, err)
+		}
+		if got := tm.Tick(now + int64(i+1)); got != tb {
+			t.Fatalf("%s: the next Tick returned %v, want the unstored table again", h.what, got)
+		}
+		if st := tm.Stats(); st.Overwritten != uint64(i+1) {
+			t.Errorf("%s: Overwritten %d, want %d", h.what, st.Overwritten, i+1)
+		}
+	}
+	if err := tm.Fenced(&rebalance.Table{Term: 5, Epoch: tb.Epoch + 1}); !errors.Is(err, ErrDeposed) {
+		t.Errorf("a verified table of this term with an epoch it never made: %v, want ErrDeposed", err)
 	}
 }
 

@@ -84,17 +84,17 @@
 // Resync; HeadWatch decides for both. HeadOrder delivers a head only when
 // its revision is above the last delivered, so the follower sees each head
 // once, in order, however many paths (initial value, update, re-created
-// watch, resync) bring it. WatchTimer backs a failed watch off from
-// RetryMin, doubling to RetryMax, without jitter, and schedules the
-// rereads. A revision that went backwards means the bucket was deleted and
-// recreated (its sequence restarts at 1); such a head is withheld until it
-// passes the last one seen, because the revision is the only order the
-// watcher can check without decoding the head, and from the revision alone
-// a lower one is indistinguishable from a lagging or replayed read. The
-// cost is liveness: a recreated bucket's heads are not delivered until its
-// revisions pass the old bucket's, which may take as many writes. Issue 17
-// may revisit the rule (e.g. ordering by the table's (term, epoch), as
-// Follower already does); it is unchanged here.
+// watch, resync) bring it within one watch. WatchTimer backs a failed
+// watch off from RetryMin, doubling to RetryMax, without jitter, and
+// schedules the rereads. A revision that went backwards means the bucket
+// was deleted and recreated (its sequence restarts at 1); the first head a
+// re-created watch reads (HeadOrder.Rewatch) is delivered whatever its
+// revision, and the Follower orders it by (term, epoch), as it orders
+// everything: a recreated bucket's tables, from a term above every table
+// the candidates have seen (Candidate.SetFloor), reach the agents at once.
+// (Until issue 17, defect 3, such heads were withheld until the new
+// bucket's revisions passed the old one's, which may take as many writes:
+// agents kept a table whose lease then lapsed.)
 //
 // # Coordinator
 //
@@ -120,15 +120,24 @@
 //   - Policy reloads: every key is re-ruled, later tables carry the new
 //     version, and the core gets the new budgets.
 //   - The term's start. A stored table whose term is not below this one
-//     deposes it (ErrDeposed); an unverifiable head is no table (the
-//     shell passes nil and the term starts from the floors). The live
+//     deposes it (ErrDeposed); an unverifiable head, or one older than
+//     the table the candidate's own agent had (Replayed), is no table:
+//     the shell passes nil and the term starts blind, from the floors,
+//     waiting a lease before it rebalances (rebalance's doc). The
+//     election takes a term above the newest table the candidate has seen
+//     (Candidate.SetFloor), so a lost election record does not restart
+//     the terms below the agents' tables. The live
 //     members reach the core before rebalance.Coordinator.StartTerm, so
 //     the first table names them as well as the stored table's agents, and
 //     the first decrease waits for them.
 //   - What to store. The newest table the core made is returned by every
 //     Tick until Stored says the store took it; a newer table supersedes
-//     an unstored one. Stored with an error wrapping ErrFenced ends the
-//     term (ErrDeposed); any other store error leaves the table to retry.
+//     an unstored one. A store error leaves the table to retry; one
+//     wrapping ErrFenced (the head moved) makes the shell read the head and
+//     ask Fenced, and only a verified table of a later term (another
+//     coordinator) ends the term (ErrDeposed). A head no coordinator wrote —
+//     forged, unverifiable, garbage, a replayed older table — is counted
+//     and stored over: it neither deposes the term nor resets shares.
 //   - Reports wait for the next Tick in a bounded queue (Queue × regions;
 //     Report says when it drops one) and are observed at the Tick's
 //     instant; acks go to the core at once. Report also returns the

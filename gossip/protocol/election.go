@@ -233,7 +233,8 @@ const (
 // compare-and-set or when TTL has passed on its monotonic clock since it
 // sent its last successful write. A record naming this candidate's own ID
 // gets no favour. An invalid record blocks the election: taking it would
-// need a term nobody can know.
+// need a term nobody can know. Either term is at least one above the
+// floor (SetFloor): the newest table term the candidate has seen.
 //
 // With wall clocks that differ by less than MaxSkew, a successor is
 // elected only after the previous leader's deadline: no two candidates
@@ -254,6 +255,8 @@ type Candidate struct {
 
 	sent    int64        // candTake, candRenew: when the write was sent (mono)
 	pending LeaderRecord // candTake, candRenew: the record being written
+
+	floor uint64 // SetFloor: the highest term known held
 
 	leading  bool
 	rec      LeaderRecord // leading: the record last written
@@ -362,9 +365,21 @@ func (c *Candidate) Stop(now Clocks, why string) (KVOp, []ElectionEvent) {
 	return KVOp{Kind: OpUpdate, Value: rel.Encode(), Rev: c.rev, Until: now.Mono + c.ttl}, []ElectionEvent{ev}
 }
 
+// SetFloor tells the candidate the highest term it knows a coordinator
+// held — the newest table it has seen — so that a take uses a term above
+// it whatever the key holds. The key can be lost with its bucket, and the
+// next election would then start again at term 1, below the tables every
+// agent holds: they would refuse the new coordinator's tables as older
+// (issue 17, defect 3; explorer schedule 4 of seed 1). The floor only
+// rises; the shell sets it before each Step.
+func (c *Candidate) SetFloor(term uint64) { c.floor = max(c.floor, term) }
+
 // afterRead decides from what the key holds whether to take it.
 func (c *Candidate) afterRead(now Clocks, res KVResult) (KVOp, []ElectionEvent) {
-	term, rev := uint64(1), uint64(0)
+	if c.floor == math.MaxUint64 {
+		return c.waitPoll(now), []ElectionEvent{{Kind: BadRecord, Err: errors.New("gossip: election: the term floor is at its maximum: no next term")}}
+	}
+	term, rev := c.floor+1, uint64(0)
 	switch {
 	case errors.Is(res.Err, ErrNotFound):
 	case res.Err != nil:
@@ -385,7 +400,7 @@ func (c *Candidate) afterRead(now Clocks, res KVResult) (KVOp, []ElectionEvent) 
 		if now.Wall <= heldThrough(r, c.skew) {
 			return c.waitPoll(now), nil // held
 		}
-		term, rev = r.Term+1, res.Rev
+		term, rev = max(r.Term+1, c.floor+1), res.Rev
 	}
 	c.phase, c.sent = candTake, now.Mono
 	c.pending = LeaderRecord{Term: term, Holder: c.id, SinceUS: now.Wall, ExpiresUS: now.Wall + c.ttl}

@@ -543,3 +543,31 @@ func TestLeaderRecordEncoding(t *testing.T) {
 		}
 	}
 }
+
+// TestCandidateTermFloor: a candidate that has seen tables of term 7 takes
+// term 8 from an empty bucket (the record lost with it), and from a
+// lapsed record of a lower term; a record above the floor gives term + 1
+// as before. Fails on 1088a93, which had no floor: after a bucket loss the
+// election restarted at term 1 and every agent refused the new
+// coordinator's tables as older than its own (issue 17, defect 3;
+// explorer schedule 4 of seed 1).
+func TestCandidateTermFloor(t *testing.T) {
+	for _, tc := range []struct {
+		what   string
+		stored uint64 // 0: no record
+		want   uint64
+	}{{"no record", 0, 8}, {"a lapsed record below the floor", 3, 8}, {"a lapsed record above it", 11, 12}} {
+		kv := newElKV()
+		if tc.stored > 0 {
+			kv.put(elKey, LeaderRecord{Term: tc.stored, Holder: "us/b", SinceUS: elWall0 - 10*elTTL, ExpiresUS: elWall0 - 5*elTTL}.Encode())
+		}
+		c := newElCand(t, "eu/a", 1)
+		c.SetFloor(7)
+		c.SetFloor(2) // the floor only rises
+		_, evs := elDrive(c, kv, elAt(0))
+		elWantEvents(t, tc.what, evs, fmt.Sprintf("elected %d", tc.want))
+		if r, _ := elRecord(t, kv); r.Term != tc.want {
+			t.Errorf("%s: record term %d, want %d", tc.what, r.Term, tc.want)
+		}
+	}
+}

@@ -138,6 +138,7 @@ const (
 	RefusedSignature   = "signature"   // a table no trusted key signed
 	RefusedCluster     = "cluster"     // a message of another cluster
 	RefusedSender      = "sender"      // a report or ack claiming another agent than the one that sent it
+	RefusedReplayed    = "replayed"    // a genuine table head older than one already seen, written again
 	RefusedMalformed   = "malformed"   // anything else the codec or the protocol refuses
 	RefusedUnavailable = "unavailable" // not the message's fault: the store or the bus failed
 )
@@ -151,6 +152,12 @@ const (
 // another, which per-agent NATS credentials otherwise prevent.
 var ErrSender = errors.New("protocol: message claims another sender")
 
+// ErrReplayed is a verified table head older, by (term, epoch), than one
+// already seen: no coordinator writes one (a deposed coordinator's write is
+// fenced), so something with write access to the bucket wrote an old head
+// again. It is refused like a forgery and counted as one.
+var ErrReplayed = errors.New("protocol: replayed table head")
+
 func Classify(err error) string {
 	switch {
 	case err == nil:
@@ -161,6 +168,8 @@ func Classify(err error) string {
 		return RefusedCluster
 	case errors.Is(err, ErrSender):
 		return RefusedSender
+	case errors.Is(err, ErrReplayed):
+		return RefusedReplayed
 	case !errors.Is(err, wire.ErrInvalid):
 		return RefusedUnavailable
 	}
@@ -171,7 +180,8 @@ func Classify(err error) string {
 // applied.
 const (
 	TableApplied = "applied" // the node applied it
-	TableStale   = "stale"   // not newer than the last one delivered, or than the one in force
+	TableStale   = "stale"   // the last one delivered again, or not newer than the one in force
+	TableOlder   = "older"   // older than the last one delivered: a replay (ErrReplayed)
 	TableRefused = "refused" // the node refused it (region.ErrBadTable and the like)
 )
 
@@ -188,10 +198,15 @@ type Follower struct {
 }
 
 // Offer reports whether t goes to the agent (deliver), and records it as
-// the last delivered if so; otherwise reason is TableStale.
+// the last delivered if so; otherwise reason is TableStale for the last
+// one again (a watch re-created delivers the head it had) and TableOlder
+// for an older one (a replayed head: the shell counts it as invalid).
 func (f *Follower) Offer(t *rebalance.Table) (deliver bool, reason string) {
-	if t == nil || !t.Newer(f.term, f.epoch) {
+	switch {
+	case t == nil || (t.Term == f.term && t.Epoch == f.epoch):
 		return false, TableStale
+	case !t.Newer(f.term, f.epoch):
+		return false, TableOlder
 	}
 	f.term, f.epoch = t.Term, t.Epoch
 	return true, ""

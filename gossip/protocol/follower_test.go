@@ -224,19 +224,20 @@ func TestFollower(t *testing.T) {
 	type offer struct {
 		term, epoch uint64
 		want        bool
+		reason      string // when refused: TableStale unless set
 	}
 	tests := []struct {
 		name   string
 		offers []offer
 	}{
-		{"first table", []offer{{1, 1, true}}},
-		{"(0, 0) is no table", []offer{{0, 0, false}, {0, 1, true}}},
-		{"newer epoch", []offer{{1, 1, true}, {1, 2, true}}},
-		{"equal is stale", []offer{{1, 5, true}, {1, 5, false}}},
-		{"older epoch is stale", []offer{{1, 5, true}, {1, 4, false}}},
-		{"older term is stale whatever its epoch", []offer{{2, 1, true}, {1, 99, false}}},
-		{"newer term with a lower epoch", []offer{{1, 9, true}, {2, 1, true}}},
-		{"a stale table does not move the mark", []offer{{3, 3, true}, {2, 9, false}, {3, 4, true}}},
+		{"first table", []offer{{1, 1, true, ""}}},
+		{"(0, 0) is no table", []offer{{0, 0, false, ""}, {0, 1, true, ""}}},
+		{"newer epoch", []offer{{1, 1, true, ""}, {1, 2, true, ""}}},
+		{"equal is stale", []offer{{1, 5, true, ""}, {1, 5, false, ""}}},
+		{"older epoch is a replay", []offer{{1, 5, true, ""}, {1, 4, false, protocol.TableOlder}}},
+		{"older term is a replay whatever its epoch", []offer{{2, 1, true, ""}, {1, 99, false, protocol.TableOlder}}},
+		{"newer term with a lower epoch", []offer{{1, 9, true, ""}, {2, 1, true, ""}}},
+		{"a refused table does not move the mark", []offer{{3, 3, true, ""}, {2, 9, false, protocol.TableOlder}, {3, 3, false, ""}, {3, 4, true, ""}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -246,7 +247,11 @@ func TestFollower(t *testing.T) {
 				if deliver != o.want {
 					t.Fatalf("offer %d (%d, %d): deliver %v, want %v", i, o.term, o.epoch, deliver, o.want)
 				}
-				if wantReason := map[bool]string{true: "", false: protocol.TableStale}[o.want]; reason != wantReason {
+				wantReason := o.reason
+				if !o.want && wantReason == "" {
+					wantReason = protocol.TableStale
+				}
+				if reason != wantReason {
 					t.Fatalf("offer %d: reason %q, want %q", i, reason, wantReason)
 				}
 			}

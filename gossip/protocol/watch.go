@@ -44,30 +44,42 @@ func (c WatchConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-// HeadOrder decides which heads a watcher delivers: only a head whose
-// revision is above every one delivered before. So its consumer sees
-// strictly increasing revisions — never an older head after a newer one,
-// never the same twice — however the heads reach the watcher: the watch's
-// initial value and updates, a re-created watch's current head, a resync's
-// read. A revision below the last (the bucket was deleted and recreated,
-// and its sequence restarted at 1) is withheld until it passes the last
-// one delivered (see the package doc, # Watch).
+// HeadOrder decides which heads a watcher delivers: a head whose revision
+// is above every one delivered since the watch was last created, and the
+// first head a re-created watch reads whatever its revision unless it is
+// the last one delivered. So within one watch its consumer sees strictly
+// increasing revisions — never an older head after a newer one, never the
+// same twice — however the heads reach the watcher: the watch's initial
+// value and updates, a resync's read. A re-created watch reads the store's
+// current head, and its revision may be below the last one delivered
+// because the bucket was deleted and recreated and its sequence restarted
+// at 1: it is delivered, and the Follower orders it by (term, epoch) as it
+// orders everything (see the package doc, # Watch).
 //
 // The zero value is ready: it delivers the first head it sees. A
 // HeadOrder is not safe for concurrent use.
 type HeadOrder struct {
-	last uint64 // the revision last delivered; 0: none
+	last    uint64 // the revision last delivered; 0: none
+	rewatch bool   // Rewatch: the next head may have any revision
 }
 
 // Seen reports whether the head at rev, just read from the store, is to be
 // delivered; if so it becomes the last.
 func (o *HeadOrder) Seen(rev uint64) (deliver bool) {
+	if o.rewatch && rev != o.last {
+		o.rewatch, o.last = false, rev
+		return true
+	}
 	if rev <= o.last {
 		return false
 	}
-	o.last = rev
+	o.rewatch, o.last = false, rev
 	return true
 }
+
+// Rewatch says the watch was (re)created: its first head is the store's
+// current one, delivered whatever its revision.
+func (o *HeadOrder) Rewatch() { o.rewatch = true }
 
 // Last returns the revision last delivered (0: none).
 func (o *HeadOrder) Last() uint64 { return o.last }
@@ -151,6 +163,13 @@ type HeadWatch struct {
 // (which should be valid).
 func NewHeadWatch(cfg WatchConfig) *HeadWatch {
 	return &HeadWatch{WatchTimer: NewWatchTimer(cfg)}
+}
+
+// Up is WatchTimer's Up, and HeadOrder's Rewatch: the watch came up (was
+// created or re-created), so its first head is the store's current one.
+func (w *HeadWatch) Up(now int64) (resyncAt int64) {
+	w.Rewatch()
+	return w.WatchTimer.Up(now)
 }
 
 // micros converts d to whole µs, rounding up (never early).

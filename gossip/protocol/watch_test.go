@@ -155,3 +155,30 @@ func TestWatchConfigValidate(t *testing.T) {
 		t.Fatal("zero resync and max < min: no error")
 	}
 }
+
+// TestHeadOrderRewatch: within one watch revisions only rise; the first
+// head of a re-created watch is delivered whatever its revision (a
+// recreated bucket restarts at 1), unless it is the last one delivered.
+// Fails on 1088a93 (no Rewatch: a recreated bucket's heads were withheld
+// until its revisions passed the old one's; issue 17, defect 3).
+func TestHeadOrderRewatch(t *testing.T) {
+	var o HeadOrder
+	for i, step := range []struct {
+		rewatch bool
+		rev     uint64
+		want    bool
+	}{
+		{false, 1, true}, {false, 3, true}, {false, 2, false}, {false, 3, false},
+		{true, 3, false}, // reconnected: the same head again
+		{false, 4, true},
+		{true, 1, true}, // the bucket was recreated
+		{false, 1, false}, {false, 2, true}, {false, 1, false},
+	} {
+		if step.rewatch {
+			o.Rewatch()
+		}
+		if got := o.Seen(step.rev); got != step.want {
+			t.Fatalf("step %d: Seen(%d) = %v, want %v (last %d)", i, step.rev, got, step.want, o.Last())
+		}
+	}
+}
