@@ -55,6 +55,7 @@ type Coordinator struct {
 	learning     bool
 	learnUntil   int64
 	blind        bool   // a later term with no stored table: learning lasts until learnUntil
+	restore      bool   // the next table gives every key a new version
 	vbase        uint64 // the version a key new to this term starts from
 	learnEpoch   uint64 // the first republished table: acks at or after it end learning
 	learnWaitFor map[agentKey]bool
@@ -392,6 +393,13 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 		c.adopt(latest)
 	}
 	c.latest = latest
+	if latest != nil {
+		for _, l := range latest.Leases {
+			if now >= l {
+				c.restore = true // a region's agents may have lapsed: see Observe
+			}
+		}
+	}
 	// A later term with no stored table to start from (the bucket was
 	// lost, or its head could not be verified) cannot know what the
 	// agents run: their earlier tables hold until their leases, at most
@@ -603,6 +611,12 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 			a.keys = append(a.keys, ki)
 			a.demand[ki] = float64(kd.OfferedCost)
 		}
+	}
+	if a.at > 0 && now-a.at > int64((c.cfg.Lease-c.cfg.Interval)/time.Microsecond) {
+		// Silent for about a lease: it has likely lapsed, and an agent
+		// that lapses twice under one row version keeps that row at its
+		// safe share until the version moves (issue 17, defect 2).
+		c.restore = true
 	}
 	a.interval, a.at = r.Interval, now
 	if r.Term > a.term || (r.Term == a.term && r.Epoch > a.epoch) {

@@ -221,7 +221,11 @@
 // back across terms: a key a term budgets first (not adopted from the
 // stored table) starts at version (term−1)·2³², above any an earlier term
 // can have given it (fewer than 2³² changes per key per term), because an
-// agent keeps a row whose version went backwards.
+// agent keeps a row whose version went backwards. And a row an agent
+// reduced twice under one version (two lapses) is restored only by a new
+// version: after an agent was silent for a lease less Δ, or when a term
+// starts from a table whose lease has passed, the next table gives every
+// row a new version.
 //
 // A key whose budget changes (SetBudgets, or a term that starts from a
 // table stored under another budget) gets a new version and bursts split

@@ -336,9 +336,14 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 			slices.Equal(c.pub[k*n:(k+1)*n], shares[k*n:(k+1)*n]) &&
 			slices.Equal(c.pubB[k*n:(k+1)*n], bursts[k*n:(k+1)*n])
 	}
+	// After an agent may have lapsed (Observe, StartTerm) every row gets
+	// a new version: a row an agent reduced twice under one version (its
+	// epoch slots 4v+5 and 4v+7) is restored only by a new one.
+	restore := c.restore
+	c.restore = false
 	changedRows := 0
 	for k := range K {
-		if c.rows[k].Shares != nil && same(k) {
+		if !restore && c.rows[k].Shares != nil && same(k) {
 			continue
 		}
 		changedRows++
@@ -348,7 +353,7 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 	for k := range K {
 		row := shares[k*n : (k+1)*n]
 		prev := &c.rows[k]
-		unchanged := same(k)
+		unchanged := same(k) && !restore
 		if prev.Shares != nil && unchanged {
 			t.Keys[k] = *prev
 			continue
