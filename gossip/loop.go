@@ -9,7 +9,6 @@ import (
 	"maps"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -190,6 +189,7 @@ type Loop struct {
 	mu     sync.Mutex
 	issued int64     // the newest delivered table's Issued
 	seen   [2]uint64 // its (term, epoch)
+	led    uint64    // the newest term coordinated, or found stored as one began
 	leader bool
 	skew   map[string]float64
 	holder Leadership
@@ -198,9 +198,6 @@ type Loop struct {
 
 	// Which tables reach the agent (watchTables only).
 	follower protocol.Follower
-	// seenTerm is the newest table term delivered or coordinated: the
-	// election's term floor.
-	seenTerm atomic.Uint64
 }
 
 // NewLoop makes a loop on net (see [Ports]; [NewPorts] for a dialled
@@ -235,7 +232,7 @@ func NewLoop(cfg LoopConfig, net Ports, node *region.Node, reg prometheus.Regist
 			return time.Now().UnixMicro(), nil
 		},
 	}
-	l.elect.TermFloor = l.seenTerm.Load
+	l.elect.TermFloor = l.termFloor
 	return l, nil
 }
 
@@ -453,7 +450,6 @@ func (l *Loop) watchTables(ctx context.Context) error {
 		l.issued = t.Issued
 		l.seen = [2]uint64{t.Term, t.Epoch}
 		l.mu.Unlock()
-		l.seeTerm(t.Term)
 		select {
 		case l.tables <- t:
 		case <-ctx.Done():
@@ -674,14 +670,12 @@ func checkSender(from protocol.Sender, region, agent string) error {
 	return fmt.Errorf("%w: %s/%s claims to be %s/%s", protocol.ErrSender, from.Region, from.Agent, region, agent)
 }
 
-// seeTerm raises the election's term floor to term.
-func (l *Loop) seeTerm(term uint64) {
-	for {
-		cur := l.seenTerm.Load()
-		if term <= cur || l.seenTerm.CompareAndSwap(cur, term) {
-			return
-		}
-	}
+// termFloor is the election's term floor: the newest table term this
+// agent had delivered or coordinated.
+func (l *Loop) termFloor() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return max(l.seen[0], l.led)
 }
 
 // errDeposed ends a term whose table write was fenced, or whose stored
@@ -732,6 +726,7 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 	}
 	l.mu.Lock()
 	seen := l.seen
+	l.led = max(l.led, term, termOf(latest))
 	l.mu.Unlock()
 	if protocol.Replayed(latest, seen[0], seen[1]) {
 		l.invalid("table", fmt.Errorf("%w: the stored head holds table %d/%d, this agent had %d/%d", protocol.ErrReplayed, latest.Term, latest.Epoch, seen[0], seen[1]))
@@ -741,7 +736,6 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 	if l.mem != nil {
 		live = l.mem.Live()
 	}
-	l.seeTerm(max(term, termOf(latest)))
 	tm, err := protocol.NewTerm(l.termConfig(), term, latest, live, l.node.Policy(), l.now())
 	if err != nil {
 		return err
@@ -782,7 +776,7 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 				l.m.fenced.Inc()
 				return err
 			}
-			if cur != nil {
+			if cur != nil && cur.Term < term { // this term's own table is no replay
 				l.invalid("table", fmt.Errorf("%w: table %d/%d under term %d", protocol.ErrReplayed, cur.Term, cur.Epoch, term))
 			}
 			l.m.overwritten.Inc()
