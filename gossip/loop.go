@@ -855,7 +855,7 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			l.m.msgs.WithLabelValues("ack", "in").Inc()
 			l.m.bytes.WithLabelValues("ack", "in").Add(float64(len(b)))
 			if err := tm.Ack(m.Ack.Region, m.Ack.Agent, m.Ack.Term, m.Ack.Epoch); err != nil {
-				l.invalid("ack", fmt.Errorf("%w: %v", wire.ErrInvalid, err))
+				l.invalid("ack", fmt.Errorf("%w: %w", wire.ErrInvalid, err))
 			}
 		case <-tick.C:
 			now := l.now()
@@ -894,7 +894,7 @@ func (l *Loop) termEvents(log *slog.Logger, tm *protocol.Term) {
 		case protocol.EventBudgets:
 			log.Warn("budgets", "err", e.Err)
 		case protocol.EventReportRefused:
-			l.invalid("report", fmt.Errorf("%w: %v", wire.ErrInvalid, e.Err))
+			l.invalid("report", fmt.Errorf("%w: %w", wire.ErrInvalid, e.Err))
 		case protocol.EventOverflow:
 			l.m.overflow.Add(float64(e.N))
 		default:

@@ -38,6 +38,12 @@ type Config struct {
 	// table names the agent any more; its last known demand keeps counting
 	// meanwhile, never as zero.
 	StaleAfter int
+	// MaxAgentsPerRegion bounds the agents a region keeps state for that
+	// membership does not list (members always count): a report or an
+	// acknowledgement from one more is refused (ErrTooManyAgents). Agents
+	// silent for a lease plus MaxSkew that no table names any more are
+	// forgotten, so the bound holds against invented names.
+	MaxAgentsPerRegion int
 	// SafeShare is each region's floor in ppm, by region name; a region
 	// not listed gets an equal part of SafeFraction.
 	SafeShare map[string]uint32
@@ -57,15 +63,16 @@ type Config struct {
 // DefaultConfig returns a configuration for regions with every default.
 func DefaultConfig(regions ...string) Config {
 	return Config{
-		Regions:      regions,
-		Interval:     5 * time.Second,        // seed 003: rebalancing "every few seconds"
-		Lease:        30 * time.Second,       // six intervals: survives a few lost tables
-		MaxSkew:      500 * time.Millisecond, // NTP-disciplined hosts, with margin
-		Fence:        2 * time.Second,        // longest reservation max-wait (seed 000 uses 2 s)
-		Hysteresis:   5_000,                  // 0.5 % of a budget: no churn from noise
-		StaleAfter:   3,                      // three silent intervals: the agent is gone
-		SafeFraction: 0.1,                    // ARCHITECTURE.md: 10 % of the budget, split equally
-		Strategy:     "ewma",
+		Regions:            regions,
+		Interval:           5 * time.Second,        // seed 003: rebalancing "every few seconds"
+		Lease:              30 * time.Second,       // six intervals: survives a few lost tables
+		MaxSkew:            500 * time.Millisecond, // NTP-disciplined hosts, with margin
+		Fence:              2 * time.Second,        // longest reservation max-wait (seed 000 uses 2 s)
+		Hysteresis:         5_000,                  // 0.5 % of a budget: no churn from noise
+		StaleAfter:         3,                      // three silent intervals: the agent is gone
+		MaxAgentsPerRegion: 256,                    // gateways' agents in one region, with room to spare
+		SafeFraction:       0.1,                    // ARCHITECTURE.md: 10 % of the budget, split equally
+		Strategy:           "ewma",
 		Params: Params{
 			AlphaUp:   0.5, // follows a rise within two intervals
 			AlphaDown: 0.1, // gives back slowly: demand blips do not strip a region
@@ -118,6 +125,9 @@ func (c *Config) Validate() error {
 	}
 	if c.StaleAfter < 1 {
 		errs = append(errs, fmt.Errorf("rebalance: StaleAfter %d: must be at least 1", c.StaleAfter))
+	}
+	if c.MaxAgentsPerRegion < 1 {
+		errs = append(errs, fmt.Errorf("rebalance: MaxAgentsPerRegion %d: must be at least 1", c.MaxAgentsPerRegion))
 	}
 	if math.IsNaN(c.SafeFraction) || c.SafeFraction < 0 || c.SafeFraction > 1 {
 		errs = append(errs, fmt.Errorf("rebalance: SafeFraction %v: must be in [0, 1]", c.SafeFraction))

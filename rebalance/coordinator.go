@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"time"
-
-	"github.com/meridian-quota/meridian/gcra"
 )
 
 // Coordinator is the pure coordinator core, in the style of etcd/raft's
@@ -47,6 +44,9 @@ type Coordinator struct {
 
 	agents  map[agentKey]*agentState
 	members map[agentKey]bool
+	// perRegion: per region, the agents kept that are not members (at
+	// most MaxAgentsPerRegion).
+	perRegion []int
 
 	term, epoch uint64
 	latest      *Table
@@ -84,7 +84,9 @@ type Coordinator struct {
 	spare [2][]uint32 // freed shares buffers, reused by rebalance
 
 	policyVersion string
-	retired       map[string]retiredKey // removed keys' versions, for a while
+	// retiredFloor: one above the highest version of a key removed, the
+	// least version a key added later starts from.
+	retiredFloor uint64
 
 	next  int64 // next rebalance, µs
 	ready []*Table
@@ -95,23 +97,15 @@ type Coordinator struct {
 
 type agentKey struct{ region, agent string }
 
-// retiredKey remembers a removed key's version so that a key added again
-// continues from it (gcra epoch tags must move forward).
-type retiredKey struct {
-	version uint64
-	at      int64
-}
-
-// retireFor is how long a removed key's version is kept: the longest a
-// region's state for the key can live (gcra.MaxWindow plus the longest
-// debt a change carries, 2^39 µs).
-const retireFor = gcra.MaxWindowMicros + 1<<39
-
+// agentState is what the coordinator keeps of one agent: its latest
+// report, sparse (the keys it named and their demand), and the newest
+// table it acknowledged.
 type agentState struct {
 	interval int64
 	at       int64     // when the report arrived (µs)
-	demand   []float64 // per key index: offered cost in the interval
-	keys     []int     // key indexes with demand
+	heard    int64     // when a report or acknowledgement last arrived (µs)
+	keys     []int32   // key indexes of the latest report
+	vals     []float64 // per entry of keys: offered cost in the interval
 	term     uint64
 	epoch    uint64 // acknowledged in force
 }
@@ -125,12 +119,17 @@ type scratch struct {
 	bursts  []int64
 	has     []bool
 	fixed   []int64
+	rekey   rekey
 }
 
 // Errors from Observe and friends. The input is ignored.
 var (
 	ErrUnknownRegion = errors.New("rebalance: unknown region")
 	ErrBadReport     = errors.New("rebalance: bad report")
+	// ErrTooManyAgents: a report or acknowledgement from an agent that
+	// membership does not list, in a region that already keeps
+	// MaxAgentsPerRegion such agents.
+	ErrTooManyAgents = errors.New("rebalance: too many agents")
 )
 
 // NewCoordinator returns a coordinator for cfg and budgets, at term 0 with
@@ -141,17 +140,23 @@ func NewCoordinator(cfg Config, budgets []Budget) (*Coordinator, error) {
 	}
 	regions := slices.Sorted(slices.Values(cfg.Regions))
 	c := &Coordinator{
-		cfg:     cfg,
-		regions: regions,
-		ridx:    map[string]int{},
-		safe:    cfg.safe(regions),
-		strats:  map[string]Strategy{},
-		nR:      len(regions),
-		dt:      int64(cfg.Interval / time.Microsecond),
-		agents:  map[agentKey]*agentState{},
-		members: map[agentKey]bool{},
-		leases:  make([]int64, len(regions)),
-		unknown: make([]int64, len(regions)),
+		cfg:       cfg,
+		regions:   regions,
+		ridx:      map[string]int{},
+		safe:      cfg.safe(regions),
+		strats:    map[string]Strategy{},
+		nR:        len(regions),
+		dt:        int64(cfg.Interval / time.Microsecond),
+		agents:    map[agentKey]*agentState{},
+		members:   map[agentKey]bool{},
+		leases:    make([]int64, len(regions)),
+		unknown:   make([]int64, len(regions)),
+		perRegion: make([]int, len(regions)),
+		// Per-key state SetBudgets rekeys in place; pub and target stay
+		// nil until a table and a transition need them.
+		budgets: []Budget{}, kidx: map[string]int{}, kstrat: []Strategy{}, pinned: [][]uint32{},
+		cur: []uint32{}, curB: []int64{}, rows: []KeyShares{}, stamp: []uint64{},
+		version: []uint64{}, state: []float64{},
 	}
 	for i, r := range regions {
 		c.ridx[r] = i
@@ -186,171 +191,164 @@ func (c *Coordinator) strategy(name string) (Strategy, error) {
 // SetBudgets replaces the budgets. Keys that stay keep their shares and
 // strategy memory; new keys start at the floors (what regions run for a key
 // no table names); removed keys leave the next table. Every problem is
-// reported and nothing changes.
+// reported and nothing changes. The per-key state is rekeyed in place
+// (UpdateKeys, for a few keys at a time, costs no more than the keys it
+// names plus one pass over the key indexes).
 func (c *Coordinator) SetBudgets(budgets []Budget) error {
-	// Tables list keys sorted (agents check it; lookups and the wire
-	// format rely on it), whatever order the budgets come in.
-	budgets = slices.Clone(budgets)
-	slices.SortStableFunc(budgets, func(a, b Budget) int { return strings.Compare(a.Key, b.Key) })
+	budgets = sortBudgets(budgets)
 	var errs []error
-	kidx := make(map[string]int, len(budgets))
-	kstrat := make([]Strategy, len(budgets))
-	pinned := make([][]uint32, len(budgets))
 	for i, b := range budgets {
-		where := fmt.Sprintf("rebalance: budget %d (key %q)", i, b.Key)
-		if b.Key == "" {
-			errs = append(errs, fmt.Errorf("%s: empty key", where))
+		if i > 0 && budgets[i-1].Key == b.Key {
+			errs = append(errs, fmt.Errorf("rebalance: budget %d (key %q): key listed twice", i, b.Key))
 		}
-		if _, dup := kidx[b.Key]; dup {
-			errs = append(errs, fmt.Errorf("%s: key listed twice", where))
-		}
-		kidx[b.Key] = i
-		if err := b.Limit.Validate(); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", where, err))
-		}
-		s, err := c.strategy(b.Strategy)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", where, err))
-		}
-		kstrat[i] = s
-		if b.Pinned != nil {
-			p := slices.Clone(c.safe)
-			for r, v := range b.Pinned {
-				ri, ok := c.ridx[r]
-				if !ok {
-					errs = append(errs, fmt.Errorf("%s: pinned region %q: %w", where, r, ErrUnknownRegion))
-					continue
-				}
-				p[ri] = v
-			}
-			if err := CheckShares(p, c.safe, false); err != nil {
-				errs = append(errs, fmt.Errorf("%s: pinned shares: %w", where, err))
-			}
-			pinned[i] = p
+		if _, _, e := c.validBudget(b, i); len(e) > 0 {
+			errs = append(errs, e...)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	c.apply(c.plan(budgets, nil, true))
+	return nil
+}
+
+// UpdateKeys adds the budgets in add (or replaces the budgets of keys it
+// names that the coordinator has) and removes the keys in remove, as
+// SetBudgets would with the whole list: a key that stays keeps its shares
+// and strategy memory, a new one starts at the floors, a removed one leaves
+// the next table. A key in remove that the coordinator does not have is
+// ignored; a key in both lists, or listed twice in add, is an error. Every
+// problem is reported and nothing changes. It allocates for the keys it
+// names only: the per-key state is rekeyed in place.
+func (c *Coordinator) UpdateKeys(add []Budget, remove []string) error {
+	add = sortBudgets(add)
+	var errs []error
+	gone := make(map[string]bool, len(remove))
+	for _, k := range remove {
+		gone[k] = true
+	}
+	for i, b := range add {
+		if i > 0 && add[i-1].Key == b.Key {
+			errs = append(errs, fmt.Errorf("rebalance: added budget %d (key %q): key listed twice", i, b.Key))
+		}
+		if gone[b.Key] {
+			errs = append(errs, fmt.Errorf("rebalance: added budget %d (key %q): key also removed", i, b.Key))
+		}
+		if _, _, e := c.validBudget(b, i); len(e) > 0 {
+			errs = append(errs, e...)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	c.apply(c.plan(add, gone, false))
+	return nil
+}
+
+// apply rekeys the per-key state to p's key set (see rekey). Kept keys
+// keep everything; a new key starts at the floors in the shares in force,
+// the pending increase and the last published table, with the bursts its
+// floors give; a key whose limit changed gets bursts split afresh from its
+// shares in force and a new version, and gives up a waiting increase.
+func (c *Coordinator) apply(p *rekey) {
 	n := c.nR
-	// Per-key rows follow their key to its new index; a new key starts at
-	// the floors (what regions run for a key no table names) — in the
-	// shares in force, the pending increase and the last published table.
-	remap := func(old []uint32) []uint32 {
-		out := make([]uint32, len(budgets)*n)
-		for i, b := range budgets {
-			if o, ok := c.kidx[b.Key]; ok && old != nil {
-				copy(out[i*n:(i+1)*n], old[o*n:(o+1)*n])
-			} else {
-				copy(out[i*n:(i+1)*n], c.safe)
+	// Versions never go back: a removed key's version floors every key
+	// added later, so a key added again continues above it (its region
+	// state may outlive it; gcra epoch tags must move forward) — one
+	// number, where a map of removed keys grew with every key that left.
+	p.limit = p.limit[:0]
+	for i, o := range p.from {
+		p.limit = append(p.limit, o >= 0 && p.repl[i] && c.budgets[o].Limit != p.with[i].Limit)
+	}
+	for o, ni := range p.to {
+		if ni < 0 {
+			c.retiredFloor = max(c.retiredFloor, c.version[o]+1)
+			delete(c.kidx, c.budgets[o].Key)
+		}
+	}
+	c.budgets, c.kstrat, c.pinned = move(c.budgets, p, 1), move(c.kstrat, p, 1), move(c.pinned, p, 1)
+	c.version, c.stamp, c.rows = move(c.version, p, 1), move(c.stamp, p, 1), move(c.rows, p, 1)
+	c.cur, c.pub, c.target = move(c.cur, p, n), move(c.pub, p, n), move(c.target, p, n)
+	c.curB, c.pubB, c.targetB = move(c.curB, p, n), move(c.pubB, p, n), move(c.targetB, p, n)
+	c.state = move(c.state, p, n)
+	c.demand = c.demand[:0]
+	pairs := [3]struct {
+		s []uint32
+		b []int64
+	}{{c.cur, c.curB}, {c.pub, c.pubB}, {c.target, c.targetB}}
+	for i, o := range p.from {
+		if !p.repl[i] {
+			if int(o) != i {
+				c.kidx[c.budgets[i].Key] = i
 			}
+			continue
 		}
-		return out
-	}
-	cur, pub := remap(c.cur), remap(c.pub)
-	var target []uint32
-	if c.target != nil {
-		target = remap(c.target)
-	}
-	if c.pub == nil {
-		pub = nil
-	}
-	// Bursts follow their key while its budget stays; a new key, or one
-	// whose budget changed, gets the bursts its shares give under the new
-	// budget.
-	remapB := func(old []int64, shares []uint32) []int64 {
-		if shares == nil {
-			return nil
-		}
-		out := make([]int64, len(budgets)*n)
-		for i, b := range budgets {
-			o, ok := c.kidx[b.Key]
-			switch {
-			case ok && old != nil && c.budgets[o].Limit == b.Limit:
-				copy(out[i*n:(i+1)*n], old[o*n:(o+1)*n])
-			case ok:
-				splitHeld(b.Limit, shares[i*n:(i+1)*n], c.safe, out[i*n:(i+1)*n])
-			case c.blind && c.learning:
-				// A key new to a blind term may be one an earlier
-				// term's agents still run: its floors get their part.
-				splitHeld(b.Limit, shares[i*n:(i+1)*n], c.safe, out[i*n:(i+1)*n])
-			default:
-				splitRow(b.Limit, shares[i*n:(i+1)*n], c.safe, out[i*n:(i+1)*n])
+		b := p.with[i]
+		c.budgets[i] = b
+		c.kstrat[i], c.pinned[i], _ = c.validBudget(b, i)
+		c.kidx[b.Key] = i
+		lo, hi := i*n, (i+1)*n
+		switch {
+		case o < 0:
+			for _, pr := range pairs {
+				if pr.s == nil {
+					continue
+				}
+				copy(pr.s[lo:hi], c.safe)
+				if pr.b == nil {
+					continue
+				}
+				if c.blind && c.learning {
+					// A key new to a blind term may be one an earlier
+					// term's agents still run: its floors get their part.
+					splitHeld(b.Limit, pr.s[lo:hi], c.safe, pr.b[lo:hi])
+				} else {
+					splitRow(b.Limit, pr.s[lo:hi], c.safe, pr.b[lo:hi])
+				}
 			}
-		}
-		return out
-	}
-	curB, pubB, targetB := remapB(c.curB, cur), remapB(c.pubB, pub), remapB(c.targetB, target)
-	// A key whose budget changes while its increase waits gives the
-	// increase up: its shares in force (the decrease) sum below PPM, and
-	// the bursts split from them under the new budget need not stay below
-	// the ones split from the target, so the increase could lower one
-	// region's burst while it raises another's — a decrease nobody waited
-	// for (explorer schedule 1956 of seed 1: Σ bursts 30 of 29). The next
-	// rebalance moves it again, break before make.
-	if target != nil {
-		for i, b := range budgets {
-			if o, ok := c.kidx[b.Key]; ok && c.budgets[o].Limit != b.Limit {
-				copy(target[i*n:(i+1)*n], cur[i*n:(i+1)*n])
-				copy(targetB[i*n:(i+1)*n], curB[i*n:(i+1)*n])
+			clear(c.state[lo:hi])
+			c.version[i] = max(c.retiredFloor, c.vbase)
+			c.rows[i], c.stamp[i] = KeyShares{}, 0
+		case p.limit[i]:
+			// Bursts split afresh from the shares under the new budget;
+			// mid-transition the shares in force sum below PPM, so only
+			// their part of it (splitHeld).
+			for _, pr := range pairs {
+				if pr.s != nil && pr.b != nil {
+					splitHeld(b.Limit, pr.s[lo:hi], c.safe, pr.b[lo:hi])
+				}
 			}
-		}
-	}
-	version := make([]uint64, len(budgets))
-	state := make([]float64, len(budgets)*n)
-	rows := make([]KeyShares, len(budgets))
-	// Versions never go back: a removed key's version is kept for the
-	// longest a region's state can outlive it, and a key whose budget
-	// changes gets a new version as its limits do.
-	if c.retired == nil {
-		c.retired = map[string]retiredKey{}
-	}
-	for k, rk := range c.retired {
-		if c.now-rk.at > retireFor {
-			delete(c.retired, k)
-		}
-	}
-	for i, b := range budgets {
-		if old, ok := c.kidx[b.Key]; ok {
-			copy(state[i*n:(i+1)*n], c.state[old*n:(old+1)*n])
-			version[i] = c.version[old]
-			if old < len(c.rows) && c.rows[old].Budget == b.Limit {
-				rows[i] = c.rows[old]
-			} else if c.budgets[old].Limit != b.Limit {
-				version[i]++
+			// A key whose budget changes while its increase waits gives
+			// the increase up: its shares in force (the decrease) sum
+			// below PPM, and the bursts split from them under the new
+			// budget need not stay below the ones split from the target,
+			// so the increase could lower one region's burst while it
+			// raises another's — a decrease nobody waited for (explorer
+			// schedule 1956 of seed 1: Σ bursts 30 of 29). The next
+			// rebalance moves it again, break before make.
+			if c.target != nil {
+				copy(c.target[lo:hi], c.cur[lo:hi])
+				copy(c.targetB[lo:hi], c.curB[lo:hi])
 			}
-		} else if rk, ok := c.retired[b.Key]; ok {
-			version[i] = max(rk.version+1, c.vbase)
-			delete(c.retired, b.Key)
-		} else {
-			version[i] = c.vbase
+			c.version[i]++
+			c.rows[i] = KeyShares{}
 		}
+		// Otherwise only the strategy, pinning or freezing changed: the
+		// shares, bursts, version and row stay.
 	}
-	for i, b := range c.budgets {
-		if _, ok := kidx[b.Key]; !ok {
-			c.retired[b.Key] = retiredKey{version: c.version[i], at: c.now}
-		}
-	}
-	// Agents' demand is indexed by key; remap it.
+	// Agents' demand is kept by key index; follow the keys.
 	for _, a := range c.agents {
-		d := make([]float64, len(budgets))
-		var keys []int
-		for _, k := range a.keys {
-			if ni, ok := kidx[c.budgets[k].Key]; ok {
-				d[ni] = a.demand[k]
-				keys = append(keys, ni)
+		w := 0
+		for j, k := range a.keys {
+			if ni := p.to[k]; ni >= 0 {
+				a.keys[w], a.vals[w] = ni, a.vals[j]
+				w++
 			}
 		}
-		a.demand, a.keys = d, keys
+		a.keys, a.vals = a.keys[:w], a.vals[:w]
 	}
-	c.budgets, c.kidx, c.kstrat, c.pinned = slices.Clone(budgets), kidx, kstrat, pinned
-	c.cur, c.target, c.pub, c.version, c.state, c.rows = cur, target, pub, version, state, rows
-	c.curB, c.targetB, c.pubB = curB, targetB, pubB
-	c.stamp = make([]uint64, len(budgets))
-	c.demand = nil
 	// A transition under way keeps its wait; its target follows the new
 	// key order (a new key's target is its floors).
-	return nil
 }
 
 // SetPolicyVersion stamps every later table with the policy version (the
@@ -527,6 +525,7 @@ func (c *Coordinator) MemberChange(members []Member) error {
 		m[agentKey{mb.Region, mb.Agent}] = true
 	}
 	c.members = m
+	c.recount()
 	return nil
 }
 
@@ -538,20 +537,47 @@ func (c *Coordinator) Ack(region, agent string, term, epoch uint64) error {
 	if agent == "" {
 		return fmt.Errorf("%w: ack from region %q with no agent name", ErrBadReport, region)
 	}
-	a := c.agent(agentKey{region, agent})
+	a, err := c.agent(agentKey{region, agent})
+	if err != nil {
+		return err
+	}
+	a.heard = max(a.heard, c.now)
 	if term > a.term || (term == a.term && epoch > a.epoch) {
 		a.term, a.epoch = term, epoch
 	}
 	return nil
 }
 
-func (c *Coordinator) agent(k agentKey) *agentState {
+// agent returns the state of agent k, making it when there is room: a
+// region keeps at most MaxAgentsPerRegion agents that membership does not
+// list (a member always has room), so names nobody vouches for cannot
+// grow the coordinator's memory.
+func (c *Coordinator) agent(k agentKey) (*agentState, error) {
 	a := c.agents[k]
-	if a == nil {
-		a = &agentState{interval: math.MinInt64, demand: make([]float64, len(c.budgets))}
-		c.agents[k] = a
+	if a != nil {
+		return a, nil
 	}
-	return a
+	if !c.members[k] && c.perRegion[c.ridx[k.region]] >= c.cfg.MaxAgentsPerRegion {
+		return nil, fmt.Errorf("%w: %s/%s: region %q already has %d agents that are not members (MaxAgentsPerRegion)",
+			ErrTooManyAgents, k.region, k.agent, k.region, c.perRegion[c.ridx[k.region]])
+	}
+	a = &agentState{interval: math.MinInt64}
+	c.agents[k] = a
+	if !c.members[k] {
+		c.perRegion[c.ridx[k.region]]++
+	}
+	return a, nil
+}
+
+// recount counts, per region, the agents kept that membership does not
+// list.
+func (c *Coordinator) recount() {
+	clear(c.perRegion)
+	for k := range c.agents {
+		if !c.members[k] {
+			c.perRegion[c.ridx[k.region]]++
+		}
+	}
 }
 
 // Observe takes one agent's demand report, received at now (µs). A report
@@ -561,8 +587,9 @@ func (c *Coordinator) agent(k agentKey) *agentState {
 // report, list each key once and carry no negative counts; otherwise it is
 // refused whole. Unknown keys are reported in the error while the rest of
 // the report counts. An agent that membership does not list yet is
-// accepted: its reports count and the next table names it. A report also
-// acknowledges the table the agent had in force.
+// accepted while its region keeps fewer than MaxAgentsPerRegion such agents
+// (ErrTooManyAgents otherwise): its reports count and the next table names
+// it. A report also acknowledges the table the agent had in force.
 func (c *Coordinator) Observe(r *Report, now int64) error {
 	if _, ok := c.ridx[r.Region]; !ok {
 		return fmt.Errorf("rebalance: report from %q in %q: %w", r.Agent, r.Region, ErrUnknownRegion)
@@ -576,7 +603,10 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 		return fmt.Errorf("%w: %s/%s interval %d is not closed yet (latest closed: %d)", ErrBadReport, r.Region, r.Agent, r.Interval, closed)
 	}
 	k := agentKey{r.Region, r.Agent}
-	a := c.agent(k)
+	a, err := c.agent(k)
+	if err != nil {
+		return err
+	}
 	if r.Interval <= a.interval {
 		return fmt.Errorf("%w: %s/%s interval %d: already have interval %d", ErrBadReport, r.Region, r.Agent, r.Interval, a.interval)
 	}
@@ -602,14 +632,11 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 		idx = append(idx, ki)
 	}
 	c.scratch.keys = idx
-	for _, ki := range a.keys {
-		a.demand[ki] = 0
-	}
-	a.keys = a.keys[:0]
+	a.keys, a.vals = a.keys[:0], a.vals[:0]
 	for i, kd := range r.Keys {
-		if ki := idx[i]; ki >= 0 {
-			a.keys = append(a.keys, ki)
-			a.demand[ki] = float64(kd.OfferedCost)
+		if ki := idx[i]; ki >= 0 && kd.OfferedCost > 0 {
+			a.keys = append(a.keys, int32(ki))
+			a.vals = append(a.vals, float64(kd.OfferedCost))
 		}
 	}
 	if a.at > 0 && now-a.at > int64((c.cfg.Lease-c.cfg.Interval)/time.Microsecond) {
@@ -618,7 +645,7 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 		// safe share until the version moves (issue 17, defect 2).
 		c.restore = true
 	}
-	a.interval, a.at = r.Interval, now
+	a.interval, a.at, a.heard = r.Interval, now, max(a.heard, now)
 	if r.Term > a.term || (r.Term == a.term && r.Epoch > a.epoch) {
 		a.term, a.epoch = r.Term, r.Epoch
 	}

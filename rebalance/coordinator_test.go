@@ -846,7 +846,7 @@ func TestBadInput(t *testing.T) {
 	if !errors.Is(err, ErrBadReport) || !strings.Contains(err.Error(), "nope") {
 		t.Errorf("unknown key: %v, want ErrBadReport naming it", err)
 	}
-	if a := c.agents[agentKey{"b", "b1"}]; a == nil || a.interval != 4 || a.demand[0] != 40 {
+	if a := c.agents[agentKey{"b", "b1"}]; a == nil || a.interval != 4 || len(a.keys) != 1 || a.keys[0] != 0 || a.vals[0] != 40 {
 		t.Errorf("the known key of a report with an unknown one did not count")
 	}
 	// A key listed twice in one report is refused, and nothing of the

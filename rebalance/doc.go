@@ -236,4 +236,22 @@
 // An increase waiting when the budget changes is given up (its bursts,
 // split from other shares, need not stay above the ones in force); the
 // next rebalance moves the key again, break before make.
+//
+// # Memory
+//
+// A coordinator holds, per key, its budget, the shares and bursts of the
+// shares in force, of the latest table and of a waiting increase, strategy
+// memory and one table row: at most 400 + 100·n bytes per key over n
+// regions (measured: 662 B at 3 regions, 1,262 B at 10, names of 15 bytes
+// included; TestCoordinatorMemoryPerKey). Per agent it keeps ~200 bytes
+// and 12 bytes per key its latest report names; a region keeps at most
+// MaxAgentsPerRegion agents that membership does not list (members always
+// count), and an agent no table names is forgotten once its reports went
+// stale, or, if it only acknowledged, a lease plus MaxSkew after it was
+// last heard — so names nobody vouches for cannot grow it. A removed key
+// leaves nothing behind: one number, above every removed key's version,
+// is where a key added later starts (so versions still never go back).
+// Keys come and go in place (UpdateKeys, SetBudgets): the per-key state is
+// rekeyed without a second copy, and UpdateKeys allocates only for the
+// keys it names.
 package rebalance

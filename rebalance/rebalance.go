@@ -18,21 +18,36 @@ func (c *Coordinator) rebalance(now int64) {
 	// whose report went stale is remembered while it is a member or a table
 	// still names it (its lease plus skew): its last known demand still
 	// counts, never as zero, and its region keeps its last share — the
-	// agent may still run it. Past that, it is forgotten.
+	// agent may still run it. Past that, it is forgotten; so is an agent
+	// that only ever acknowledged, once it is no member, no table names it
+	// and it has been silent for a lease plus skew (its acknowledgements
+	// no longer shorten any wait: issue 17, defect 6). Forgetting an
+	// agent only ever lengthens a wait.
 	alive := make([]bool, n)
 	held := make([]bool, n)
+	lease := int64(c.cfg.Lease / time.Microsecond)
+	forgot := false
 	for k, a := range c.agents {
 		r := c.ridx[k.region]
+		kept := c.members[k] || c.namedUntil[k] > now
 		switch {
 		case c.fresh(a, now):
 			alive[r] = true
 		case a.interval == math.MinInt64:
 			// acknowledgements only: no demand to count
-		case c.members[k] || c.namedUntil[k] > now:
+			if !kept && c.exposed[k] <= now && now-a.heard > lease+skew {
+				delete(c.agents, k)
+				forgot = true
+			}
+		case kept:
 			held[r] = true
 		default:
 			delete(c.agents, k)
+			forgot = true
 		}
+	}
+	if forgot {
+		c.recount()
 	}
 	expired := make([]bool, n)
 	for r := range n {
@@ -42,9 +57,10 @@ func (c *Coordinator) rebalance(now int64) {
 		expired[r] = !alive[r] && !held[r] && now >= c.leases[r]+skew
 	}
 	// Demand per key and region: each remembered agent's last report.
-	if len(c.demand) != K*n {
+	if cap(c.demand) < K*n {
 		c.demand = make([]float64, K*n)
 	} else {
+		c.demand = c.demand[:K*n]
 		clear(c.demand)
 	}
 	// Summed in (region, agent) order: float sums must not depend on map
@@ -63,8 +79,8 @@ func (c *Coordinator) rebalance(now int64) {
 	for _, k := range order {
 		a := c.agents[k]
 		r := c.ridx[k.region]
-		for _, ki := range a.keys {
-			c.demand[ki*n+r] += a.demand[ki] * perSec
+		for j, ki := range a.keys {
+			c.demand[int(ki)*n+r] += a.vals[j] * perSec
 		}
 	}
 
@@ -396,23 +412,32 @@ func (c *Coordinator) prevAgents(r int) []string {
 }
 
 // buffer returns a shares buffer of n elements, reusing one freed earlier
-// (shares buffers are internal: tables copy what they publish).
+// (shares buffers are internal: tables copy what they publish; callers
+// write every element).
 func (c *Coordinator) buffer(n int) []uint32 {
 	for i, b := range c.spare {
-		if b != nil && len(b) == n {
+		if b != nil && cap(b) >= n && cap(b) <= 2*n+64 {
 			c.spare[i] = nil
-			return b
+			return b[:n]
 		}
 	}
 	return make([]uint32, n)
 }
 
-// free keeps b for reuse.
+// free keeps b for reuse, in place of a smaller spare when both slots are
+// taken (after the key set changed size).
 func (c *Coordinator) free(b []uint32) {
+	small := 0
 	for i := range c.spare {
 		if c.spare[i] == nil {
 			c.spare[i] = b
 			return
 		}
+		if cap(c.spare[i]) < cap(c.spare[small]) {
+			small = i
+		}
+	}
+	if cap(b) > cap(c.spare[small]) {
+		c.spare[small] = b
 	}
 }

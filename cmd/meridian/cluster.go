@@ -51,6 +51,9 @@ func coordinatorConfig(cfg *agent.Config) rebalance.Config {
 	if cc.Hysteresis > 0 {
 		rc.Hysteresis = cc.Hysteresis
 	}
+	if cc.MaxAgentsPerRegion > 0 {
+		rc.MaxAgentsPerRegion = cc.MaxAgentsPerRegion
+	}
 	rc.SafeFraction = cfg.ResolvedSafeFraction() // the node's floors are the coordinator's
 	return rc
 }

@@ -335,8 +335,9 @@ func (t *Term) Tick(now int64) *rebalance.Table {
 	if t.deposed {
 		return nil
 	}
-	if t.learnKeys(now) {
-		if err := t.c.SetBudgets(t.budgets()); err != nil {
+	if add, remove := t.learnKeys(now); len(add) > 0 || len(remove) > 0 {
+		// Only the keys that came and went: the core rekeys in place.
+		if err := t.c.UpdateKeys(add, remove); err != nil {
 			t.event(Event{Kind: EventBudgets, Err: err})
 		}
 	}
@@ -442,10 +443,9 @@ func (t *Term) collect() {
 func (t *Term) event(e Event) { t.events = append(t.events, e) }
 
 // learnKeys adds the keys the pending reports name that the term does not
-// know yet and drops those idle for longer than KeyIdle; it reports
-// whether the budgets changed.
-func (t *Term) learnKeys(now int64) bool {
-	changed := false
+// know yet and drops those idle for longer than KeyIdle; it returns the
+// budgets that entered and the budgeted keys that left.
+func (t *Term) learnKeys(now int64) (add []rebalance.Budget, remove []string) {
 	overflow := 0
 	for _, rep := range t.pending {
 		for _, kd := range rep.Keys {
@@ -460,7 +460,9 @@ func (t *Term) learnKeys(now int64) bool {
 			ks := &keyState{lastSeen: now}
 			t.setRule(ks, kd.Key)
 			t.keys[kd.Key] = ks
-			changed = changed || ks.has
+			if ks.has {
+				add = append(add, ks.budget)
+			}
 		}
 	}
 	if overflow > 0 {
@@ -472,10 +474,12 @@ func (t *Term) learnKeys(now int64) bool {
 		if now-ks.lastSeen > idle {
 			delete(t.keys, k)
 			t.count(ks.has, false)
-			changed = changed || ks.has
+			if ks.has {
+				remove = append(remove, k)
+			}
 		}
 	}
-	return changed
+	return add, remove
 }
 
 // budgets lists the budgets of the budgeted keys.

@@ -11,6 +11,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/gossip/wire"
 	"github.com/meridian-quota/meridian/rebalance"
 	"github.com/meridian-quota/meridian/region"
 )
@@ -659,4 +660,25 @@ func TestTermProperties(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Invented agent names beyond the region's MaxAgentsPerRegion are refused
+// and counted as their own reason, through the same wrapping the shell
+// gives an ack it refuses (issue 17, defect 6).
+func TestTermRefusesAgentsBeyondTheCap(t *testing.T) {
+	cfg := termConfig()
+	cfg.Coordinator.MaxAgentsPerRegion = 3
+	tm := newTestTerm(t, cfg, 1, nil, nil, termPolicy(t, termPolicyA), 0)
+	for i := range 3 {
+		if err := tm.Ack("eu", fmt.Sprintf("x%d", i), 1, 1); err != nil {
+			t.Fatalf("ack %d under the cap: %v", i, err)
+		}
+	}
+	err := tm.Ack("eu", "x3", 1, 1)
+	if got := Classify(fmt.Errorf("%w: %w", wire.ErrInvalid, err)); got != RefusedTooMany {
+		t.Errorf("the fourth invented name: %v, classified %q; want %q", err, got, RefusedTooMany)
+	}
+	if err := tm.Ack("us", "y0", 1, 1); err != nil {
+		t.Errorf("another region's agent refused: %v", err)
+	}
 }

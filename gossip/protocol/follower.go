@@ -139,6 +139,7 @@ const (
 	RefusedCluster     = "cluster"     // a message of another cluster
 	RefusedSender      = "sender"      // a report or ack claiming another agent than the one that sent it
 	RefusedReplayed    = "replayed"    // a genuine table head older than one already seen, written again
+	RefusedTooMany     = "too_many"    // a report or ack from a non-member in a region at MaxAgentsPerRegion
 	RefusedMalformed   = "malformed"   // anything else the codec or the protocol refuses
 	RefusedUnavailable = "unavailable" // not the message's fault: the store or the bus failed
 )
@@ -170,6 +171,8 @@ func Classify(err error) string {
 		return RefusedSender
 	case errors.Is(err, ErrReplayed):
 		return RefusedReplayed
+	case errors.Is(err, rebalance.ErrTooManyAgents):
+		return RefusedTooMany
 	case !errors.Is(err, wire.ErrInvalid):
 		return RefusedUnavailable
 	}

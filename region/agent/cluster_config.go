@@ -76,6 +76,9 @@ type ClusterCoordinatorConfig struct {
 	Strategy     string   `yaml:"strategy"`
 	Hysteresis   uint32   `yaml:"hysteresis_ppm"`
 	SafeFraction float64  `yaml:"safe_fraction"`
+	// MaxAgentsPerRegion bounds the agents per region the coordinator
+	// keeps that membership does not list (default 256).
+	MaxAgentsPerRegion int `yaml:"max_agents_per_region"`
 	// ElectionTTL: a silent coordinator is replaced this long after its
 	// last renewal (default 3s).
 	ElectionTTL Duration `yaml:"election_ttl"`
@@ -141,6 +144,9 @@ func (c *ClusterConfig) validate(bad func(field, format string, a ...any)) {
 	}
 	if f := c.Coordinator.SafeFraction; f < 0 || f >= 1 {
 		bad("cluster.coordinator.safe_fraction", "%v: must be in [0, 1)", f)
+	}
+	if n := c.Coordinator.MaxAgentsPerRegion; n < 0 {
+		bad("cluster.coordinator.max_agents_per_region", "%d: must not be negative (0: the default, %d)", n, rebalance.DefaultConfig().MaxAgentsPerRegion)
 	}
 	if c.NATS.Replicas < 0 || c.NATS.Replicas > 5 {
 		bad("cluster.nats.replicas", "%d: must be in [0, 5]", c.NATS.Replicas)
