@@ -347,6 +347,8 @@ func (c *Coordinator) apply(p *rekey) {
 		}
 		a.keys, a.vals = a.keys[:w], a.vals[:w]
 	}
+	// The plan's scratch keeps its room, not the budgets it carried.
+	clear(p.with)
 	// A transition under way keeps its wait; its target follows the new
 	// key order (a new key's target is its floors).
 }
