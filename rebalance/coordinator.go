@@ -196,16 +196,7 @@ func (c *Coordinator) strategy(name string) (Strategy, error) {
 // names plus one pass over the key indexes).
 func (c *Coordinator) SetBudgets(budgets []Budget) error {
 	budgets = sortBudgets(budgets)
-	var errs []error
-	for i, b := range budgets {
-		if i > 0 && budgets[i-1].Key == b.Key {
-			errs = append(errs, fmt.Errorf("rebalance: budget %d (key %q): key listed twice", i, b.Key))
-		}
-		if _, _, e := c.validBudget(b, i); len(e) > 0 {
-			errs = append(errs, e...)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := c.checkBudgets(budgets, "budget", nil); err != nil {
 		return err
 	}
 	c.apply(c.plan(budgets, nil, true))
@@ -222,27 +213,33 @@ func (c *Coordinator) SetBudgets(budgets []Budget) error {
 // names only: the per-key state is rekeyed in place.
 func (c *Coordinator) UpdateKeys(add []Budget, remove []string) error {
 	add = sortBudgets(add)
-	var errs []error
 	gone := make(map[string]bool, len(remove))
 	for _, k := range remove {
 		gone[k] = true
 	}
-	for i, b := range add {
-		if i > 0 && add[i-1].Key == b.Key {
-			errs = append(errs, fmt.Errorf("rebalance: added budget %d (key %q): key listed twice", i, b.Key))
+	if err := c.checkBudgets(add, "added budget", gone); err != nil {
+		return err
+	}
+	c.apply(c.plan(add, gone, false))
+	return nil
+}
+
+// checkBudgets reports every problem with sorted budgets: a key listed
+// twice, one also in gone, and what validBudget finds.
+func (c *Coordinator) checkBudgets(budgets []Budget, what string, gone map[string]bool) error {
+	var errs []error
+	for i, b := range budgets {
+		if i > 0 && budgets[i-1].Key == b.Key {
+			errs = append(errs, fmt.Errorf("rebalance: %s %d (key %q): key listed twice", what, i, b.Key))
 		}
 		if gone[b.Key] {
-			errs = append(errs, fmt.Errorf("rebalance: added budget %d (key %q): key also removed", i, b.Key))
+			errs = append(errs, fmt.Errorf("rebalance: %s %d (key %q): key also removed", what, i, b.Key))
 		}
 		if _, _, e := c.validBudget(b, i); len(e) > 0 {
 			errs = append(errs, e...)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	c.apply(c.plan(add, gone, false))
-	return nil
+	return errors.Join(errs...)
 }
 
 // apply rekeys the per-key state to p's key set (see rekey). Kept keys

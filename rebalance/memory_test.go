@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/meridian-quota/meridian/gcra"
@@ -378,5 +379,24 @@ func TestCoordinatorMemoryPerKey(t *testing.T) {
 		if left := int64(heap()) - int64(base); left > 1<<20 {
 			t.Errorf("%d regions: %d B still held after every key was removed", n, left)
 		}
+	}
+}
+
+// UpdateKeys refuses bad input whole, with every problem named, and
+// changes nothing; a key to remove that the coordinator lacks is ignored.
+func TestUpdateKeysBadInput(t *testing.T) {
+	c := started(t, unitConfig("a", "b"), budget("k1"), budget("k2"))
+	before := views(c)
+	err := c.UpdateKeys([]Budget{budget("n"), budget("n"), budget("k1"), {Key: ""}, {Key: "s", Limit: gcra.PerSecond(1, 1), Strategy: "nope"}}, []string{"k1"})
+	for _, want := range []string{"listed twice", "also removed", "empty key", "nope"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("UpdateKeys error %v: want it to say %q", err, want)
+		}
+	}
+	if after := views(c); fmt.Sprint(after) != fmt.Sprint(before) || len(c.budgets) != 2 {
+		t.Errorf("a refused UpdateKeys changed the coordinator: %d keys", len(c.budgets))
+	}
+	if err := c.UpdateKeys(nil, []string{"unknown"}); err != nil || len(c.budgets) != 2 {
+		t.Errorf("removing an unknown key: %v, %d keys; want nil and 2", err, len(c.budgets))
 	}
 }
