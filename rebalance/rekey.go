@@ -20,8 +20,9 @@ type rekey struct {
 	from []int32
 	// to: per old index, its new index (-1: removed).
 	to []int32
-	// budget: per new index, the budget it gets when it is new or its
-	// budget changed (set only where repl is true).
+	// repl: per new index, whether the key takes the budget in with — a
+	// key new to the coordinator, or one whose budget changed (with is
+	// the zero Budget elsewhere).
 	repl []bool
 	with []Budget
 	// limit: per new index, whether a kept key's limit changed (apply).
