@@ -18,7 +18,8 @@ type Config struct {
 	Interval time.Duration
 	// Lease is how long a region may run on a table without hearing from
 	// the coordinator; each table renews the leases of the regions with a
-	// fresh report or a live member.
+	// live member (with no membership given, an agent with a fresh
+	// report).
 	Lease time.Duration
 	// MaxSkew is the largest clock difference assumed between any two
 	// regions' stores and the coordinator.

@@ -42,7 +42,10 @@ type Coordinator struct {
 	version []uint64    // per key: how many times its shares changed
 	state   []float64
 
-	agents  map[agentKey]*agentState
+	agents map[agentKey]*agentState
+	// members: the live agents MemberChange gave; nil until it is first
+	// called (a shell with no membership), while the agents with a fresh
+	// report stand in for them.
 	members map[agentKey]bool
 	// perRegion: per region, the agents kept that are not members (at
 	// most MaxAgentsPerRegion).
@@ -148,7 +151,6 @@ func NewCoordinator(cfg Config, budgets []Budget) (*Coordinator, error) {
 		nR:        len(regions),
 		dt:        int64(cfg.Interval / time.Microsecond),
 		agents:    map[agentKey]*agentState{},
-		members:   map[agentKey]bool{},
 		leases:    make([]int64, len(regions)),
 		unknown:   make([]int64, len(regions)),
 		perRegion: make([]int, len(regions)),
@@ -585,10 +587,13 @@ func (c *Coordinator) recount() {
 // clock, which may run MaxSkew ahead), not repeat or precede that agent's last
 // report, list each key once and carry no negative counts; otherwise it is
 // refused whole. Unknown keys are reported in the error while the rest of
-// the report counts. An agent that membership does not list yet is
-// accepted while its region keeps fewer than MaxAgentsPerRegion such agents
-// (ErrTooManyAgents otherwise): its reports count and the next table names
-// it. A report also acknowledges the table the agent had in force.
+// the report counts. An agent that membership does not list is accepted
+// while its region keeps fewer than MaxAgentsPerRegion such agents
+// (ErrTooManyAgents otherwise): its reports count as demand, but no table
+// names it (it runs at most its safe share) and it does not keep its
+// region live — until membership lists it. A coordinator never given
+// membership names every agent with a fresh report. A report also
+// acknowledges the table the agent had in force.
 func (c *Coordinator) Observe(r *Report, now int64) error {
 	if _, ok := c.ridx[r.Region]; !ok {
 		return fmt.Errorf("rebalance: report from %q in %q: %w", r.Agent, r.Region, ErrUnknownRegion)

@@ -163,9 +163,13 @@
 // are those the previous table named and those an earlier table named, each
 // until the lease of its region in the last table naming it plus MaxSkew
 // (it may hold that table, and a table naming it lets it run the table's
-// shares until that lease). A table names the live members, the agents with
-// a fresh report, and every agent an earlier table named while that agent
-// was live, until the lease then plus MaxSkew; an agent no table names runs
+// shares until that lease). A table names the live members and every agent
+// an earlier table named while that agent was a member, until the lease
+// then plus MaxSkew; a report alone names no one (issue 17, defect 7: an
+// agent memberlist refused still reached NATS, was named and got shares),
+// and a region is live only while it has a named agent with a fresh report
+// — a coordinator never given membership (MemberChange) names the agents
+// with a fresh report instead. An agent no table names runs
 // at min(last share, safe share) (region.Node applies such a table
 // reduced), so it needs no wait. A decrease with no agent to hear from in
 // any region that loses share (a fresh cluster's regions before any agent

@@ -14,7 +14,9 @@ func (c *Coordinator) rebalance(now int64) {
 	n := c.nR
 	K := len(c.budgets)
 	skew := int64(c.cfg.MaxSkew / time.Microsecond)
-	// A region is alive when it has an agent with a fresh report. An agent
+	// A region is alive when it has a member (or an agent a table still
+	// names) with a fresh report; with no membership given, any agent with
+	// a fresh report. An agent
 	// whose report went stale is remembered while it is a member or a table
 	// still names it (its lease plus skew): its last known demand still
 	// counts, never as zero, and its region keeps its last share — the
@@ -31,8 +33,13 @@ func (c *Coordinator) rebalance(now int64) {
 		r := c.ridx[k.region]
 		kept := c.members[k] || c.namedUntil[k] > now
 		switch {
-		case c.fresh(a, now):
+		case c.fresh(a, now) && (kept || c.members == nil):
 			alive[r] = true
+		case c.fresh(a, now):
+			// A fresh report from an agent that is no member and no
+			// table names: its demand counts, but it does not make its
+			// region live — tables do not name it, so it runs at most
+			// its safe share, and its region's lease is not renewed for it.
 		case a.interval == math.MinInt64:
 			// acknowledgements only: no demand to count
 			if !kept && c.exposed[k] <= now && now-a.heard > lease+skew {
@@ -280,7 +287,8 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 		Regions: c.regions, Leases: make([]int64, n), Agents: make([][]string, n),
 		Keys: make([]KeyShares, K), Shadow: c.cfg.Shadow,
 	}
-	// A table names the live members, the agents with a fresh report, and
+	// A table names the live members (issue 17, defect 7: a report alone
+	// names no one, so an agent memberlist refuses gets no share) and
 	// every agent an earlier table named whose lease (plus skew) has not
 	// run out: an agent dropped from a table may still run that table's
 	// shares, so every wait must keep counting it.
@@ -294,9 +302,13 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 	for k := range c.members {
 		named[c.ridx[k.region]][k.agent] = true
 	}
-	for k, a := range c.agents {
-		if c.fresh(a, now) {
-			named[c.ridx[k.region]][k.agent] = true
+	if c.members == nil {
+		// No membership given yet (a shell with none): the agents with a
+		// fresh report stand in for the members.
+		for k, a := range c.agents {
+			if c.fresh(a, now) {
+				named[c.ridx[k.region]][k.agent] = true
+			}
 		}
 	}
 	renewed := make([]bool, n)
@@ -331,17 +343,18 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 		}
 		slices.Sort(t.Agents[r])
 	}
-	// Only a live member or a fresh reporter extends how long it stays
-	// named; an agent named only because an earlier table named it drops
+	// Only a live member extends how long it stays named; an agent named only because an earlier table named it drops
 	// out once that table's lease plus skew has passed.
 	for k := range c.members {
 		r := c.ridx[k.region]
 		c.namedUntil[k] = max(c.namedUntil[k], c.leases[r]+skew)
 	}
-	for k, a := range c.agents {
-		if c.fresh(a, now) {
-			r := c.ridx[k.region]
-			c.namedUntil[k] = max(c.namedUntil[k], c.leases[r]+skew)
+	if c.members == nil {
+		for k, a := range c.agents {
+			if c.fresh(a, now) {
+				r := c.ridx[k.region]
+				c.namedUntil[k] = max(c.namedUntil[k], c.leases[r]+skew)
+			}
 		}
 	}
 	// Rows of keys whose shares did not change are shared with the previous

@@ -48,8 +48,10 @@ var knownFailures = []struct {
 	// or what a reduced agent writes, need a region-wide rule.
 	{"safety: a lapsed agent's epoch slot diverges from its siblings' on the same store (agent partitioned from NATS beyond its lease)",
 		CheckOABudget, "agent-partition", 4, 0},
+	// Schedule 266 found this class until tables named only members
+	// (issue 17, defect 7); 163 still does.
 	{"safety: a restarted agent's epoch slot diverges from its siblings' on the same store (the coordinator's agent crashed)",
-		CheckOABudget, "agent-crash", 266, 0},
+		CheckOABudget, "agent-crash", 163, 0},
 	// Found once forged heads stopped deposing the coordinator (the
 	// schedule failed that check first): a policy reload that cuts
 	// budgets to a quarter, with clients holding reservations, admits

@@ -288,9 +288,24 @@ func (c *tCluster) config(regionName string) *agent.Config {
 
 // start runs region's agent (again, after stop).
 func (c *tCluster) start(regionName string) *tAgent {
+	c.t.Helper()
+	ta := c.startAs(regionName, nil, c.log)
+	c.agents[regionName] = ta
+	return ta
+}
+
+// startAs runs an agent of region with its config changed by tweak (nil:
+// none), recording the shares it applies in log; the caller keeps it.
+func (c *tCluster) startAs(regionName string, tweak func(*agent.Config), log *shareLog) *tAgent {
 	t := c.t
 	t.Helper()
 	cfg := c.config(regionName)
+	if tweak != nil {
+		tweak(cfg)
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	policy, err := region.ParsePolicy([]byte(tPolicy))
 	if err != nil {
 		t.Fatal(err)
@@ -320,7 +335,7 @@ func (c *tCluster) start(regionName string) *tAgent {
 	if c.seed == "" {
 		c.seed = cl.mem.Addr()
 	}
-	rec := &recorder{Control: control{cl.loop}, region: regionName, log: c.log,
+	rec := &recorder{Control: control{cl.loop}, region: regionName, log: log,
 		safe: 33_333, last: map[string]uint32{}}
 	cl.ctrl = rec
 	ta := &tAgent{name: regionName, cfg: cfg, node: node, agent: a, reg: a.Registry(), cl: cl, rec: rec,
@@ -329,7 +344,6 @@ func (c *tCluster) start(regionName string) *tAgent {
 		defer close(ta.done)
 		_ = serveWithCluster(ctx, a, cl, func(ctx context.Context) error { return a.Run(ctx, nil, nil) })
 	}()
-	c.agents[regionName] = ta
 	t.Cleanup(ta.stop)
 	return ta
 }
@@ -377,8 +391,12 @@ type load struct {
 }
 
 func (c *tCluster) offer(regionName, tenant string, rate float64) *load {
+	return offerTo(c.agents[regionName], tenant, rate)
+}
+
+// offerTo offers tenant traffic to agent a at rate requests/s until stop.
+func offerTo(a *tAgent, tenant string, rate float64) *load {
 	l := &load{stop: make(chan struct{})}
-	a := c.agents[regionName]
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*commonv3.RateLimitDescriptor{{
 		Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: tenant}}}}}
 	l.wg.Add(1)
@@ -1013,5 +1031,52 @@ func TestClusterRefusesReportsForAnotherAgent(t *testing.T) {
 	waitFor(t, 10*time.Second, "the report and the ack refused as another sender's", func() bool {
 		return sender("report") > rep0 && sender("ack") > ack0
 	})
+	c.log.check(t)
+}
+
+// TestClusterNamesOnlyMembers is the rest of issue 17's defect 7: an agent
+// whose memberlist key is wrong is refused by memberlist but still reaches
+// NATS — its reports arrive, and it applies the tables it reads. No table
+// may name it, so it runs every key at most at its safe share (its tables
+// are applied reduced) and its reports buy its region nothing. Fails on
+// 9e76ec6, where the first table after its first report named it.
+func TestClusterNamesOnlyMembers(t *testing.T) {
+	c := newTCluster(t)
+	c.startAll()
+	lead := c.leader(10*time.Second, "")
+	wrong := make([]byte, 32)
+	_, _ = rand.Read(wrong)
+	if err := os.WriteFile(filepath.Join(c.dir, "wrong-gossip.key"), []byte(gossip.EncodeKey(wrong)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rogue := c.startAs("eu", func(cfg *agent.Config) {
+		cfg.Agent = "eu-rogue"
+		cfg.Cluster.Members.KeyFile = filepath.Join(c.dir, "wrong-gossip.key")
+		cfg.Cluster.Coordinator.Candidate, cfg.Cluster.Coordinator.SignKeyFile = false, ""
+	}, &shareLog{})
+	sent := func() float64 {
+		return counter(t, rogue.reg, "meridian_cluster_messages_total", map[string]string{"kind": "report", "direction": "out"})
+	}
+	// Its tenant's traffic makes it report demand on NATS.
+	l := offerTo(rogue, "rogue-tenant", 50)
+	defer l.end()
+	since := time.Now()
+	waitFor(t, 10*time.Second, "tables applied by the rogue agent and reports sent", func() bool {
+		return rogue.tables() >= 3 && sent() > 0
+	})
+	// Several Δ later it is still unnamed, and membership never listed it.
+	deadline := time.Now().Add(6 * tΔ)
+	for time.Now().Before(deadline) {
+		if st := rogue.node.Table(); st.HasTable && st.Named {
+			t.Fatalf("table (%d, %d) names eu-rogue, whose memberlist key is wrong", st.Term, st.Epoch)
+		}
+		for _, m := range lead.cl.mem.Live() {
+			if m.Agent == "eu-rogue" {
+				t.Fatalf("membership lists eu-rogue: %+v", m)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("eu-rogue applied %d tables in %v, named in none", rogue.tables(), time.Since(since).Round(time.Millisecond))
 	c.log.check(t)
 }
