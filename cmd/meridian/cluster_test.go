@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -190,6 +192,7 @@ func (a *tAgent) halt(crash bool) {
 	if a.cancel == nil {
 		return
 	}
+	a.agent.EndDrain() // stopped at once, whatever drain_delay says
 	if crash {
 		a.cl.tr.Close()
 	}
@@ -220,6 +223,9 @@ type tCluster struct {
 	// candidates (otherwise every agent is one).
 	natsUser   map[string][2]string
 	candidates map[string]bool
+	// drain is every agent's drain_delay (0 unless a test sets it; stop
+	// and crash skip it).
+	drain time.Duration
 }
 
 func newTCluster(t testing.TB) *tCluster {
@@ -256,7 +262,7 @@ func (c *tCluster) config(regionName string) *agent.Config {
 	cfg.Region, cfg.Agent, cfg.Regions = regionName, regionName+"-1", tNames
 	cfg.Policy, cfg.GRPC, cfg.HTTP, cfg.ReloadEvery = filepath.Join(c.dir, "policy.yaml"), "127.0.0.1:0", "", 0 // listeners: none are opened (Run gets nil)
 	cfg.Interval = agent.Duration(c.interval)
-	cfg.DrainDelay = 0 // stopped and crashed at once
+	cfg.DrainDelay = agent.Duration(c.drain)
 	url := c.nats.URL()
 	if u, ok := c.urls[regionName]; ok {
 		url = u
@@ -385,9 +391,19 @@ func waitFor(t testing.TB, within time.Duration, what string, ok func() bool) ti
 
 // load offers tenant traffic in a region at rate requests/s until stop.
 type load struct {
-	stop   chan struct{}
-	wg     sync.WaitGroup
-	offers atomic.Int64
+	stop    chan struct{}
+	once    sync.Once
+	wg      sync.WaitGroup
+	offers  atomic.Int64
+	allowed atomic.Int64 // answered OK
+	failed  atomic.Int64 // answered with an error
+}
+
+// window counts what l offered and had allowed over d.
+func (l *load) window(d time.Duration) (offered, allowed int64) {
+	o, a := l.offers.Load(), l.allowed.Load()
+	time.Sleep(d)
+	return l.offers.Load() - o, l.allowed.Load() - a
 }
 
 func (c *tCluster) offer(regionName, tenant string, rate float64) *load {
@@ -410,7 +426,13 @@ func offerTo(a *tAgent, tenant string, rate float64) *load {
 			case <-l.stop:
 				return
 			case <-tk.C:
-				_, _ = a.agent.ShouldRateLimit(context.Background(), req)
+				resp, err := a.agent.ShouldRateLimit(context.Background(), req)
+				switch {
+				case err != nil:
+					l.failed.Add(1)
+				case resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+					l.allowed.Add(1)
+				}
 				l.offers.Add(1)
 			}
 		}
@@ -418,7 +440,21 @@ func offerTo(a *tAgent, tenant string, rate float64) *load {
 	return l
 }
 
-func (l *load) end() { close(l.stop); l.wg.Wait() }
+// end stops the load (again: nothing) and waits for its last request.
+func (l *load) end() {
+	l.once.Do(func() { close(l.stop) })
+	l.wg.Wait()
+}
+
+// admitting waits until l is admitted in full (all but 5 %, over a quarter
+// of a second) and returns how long that took.
+func admitting(t testing.TB, l *load, what string) time.Duration {
+	t.Helper()
+	return waitFor(t, 15*time.Second, what+" admitted in full", func() bool {
+		o, a := l.window(250 * time.Millisecond)
+		return o > 0 && a >= o*95/100
+	})
+}
 
 // hold offers tenant traffic in a region (400 requests/s) until its agent
 // holds most of the tenant's budget (above 70 %), and returns the load.
@@ -1078,5 +1114,166 @@ func TestClusterNamesOnlyMembers(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("eu-rogue applied %d tables in %v, named in none", rogue.tables(), time.Since(since).Round(time.Millisecond))
+	c.log.check(t)
+}
+
+// TestClusterNATSOutage is issue 17's NATS drill: every agent loses NATS
+// at once (each dials through its own proxy, and all are cut), for less
+// and for more than the lease. Shorter: nobody lapses and a tenant's
+// traffic is admitted throughout. Longer: every agent lapses at its lease
+// to min(last, safe), and once NATS is back every agent is named on a
+// newer table and the tenant is admitted in full again — defect 2 kept 4
+// of 5 agents at the safe share for minutes (the new term republished the
+// expired leases and the next table's unchanged rows were not restored).
+// Σ in force stays within 10⁶ from every agent's view; the times are
+// reported, the deadlines only guard against hangs.
+func TestClusterNATSOutage(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		outage time.Duration
+		lapse  bool
+	}{
+		{"shorter than the lease", tLease / 2, false},
+		{"longer than the lease", tLease + 2*time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTCluster(t)
+			proxies := make([]*proxy, 0, len(tNames))
+			for _, r := range tNames {
+				p := newProxy(t, strings.TrimPrefix(c.nats.URL(), "nats://"))
+				c.urls[r] = "nats://" + p.addr()
+				proxies = append(proxies, p)
+			}
+			c.startAll()
+			c.leader(10*time.Second, "")
+			key := keyOf("acme")
+			l := c.hold("ap", "acme") // 400/s against ap's > 70 % of 1,000/s
+			defer l.end()
+			ap := c.agents["ap"]
+			// The table's share takes effect at its effective time, with
+			// the tokens the lower share left: wait until it admits.
+			t.Logf("ap admitting acme's traffic in full %v after its table said so", admitting(t, l, "acme at ap").Round(time.Millisecond))
+			before := map[string]region.TableState{}
+			for _, r := range tNames {
+				before[r] = c.agents[r].node.Table()
+			}
+			for _, p := range proxies {
+				p.cut()
+			}
+			cut := time.Now()
+			offered, allowed := l.window(tc.outage)
+			lapsed := 0
+			for _, r := range tNames {
+				if st := c.agents[r].node.Table(); st.Lapsed {
+					lapsed++
+					if time.Now().UnixMicro() < before[r].LeaseExpiry {
+						t.Errorf("%s lapsed before its lease ended", r)
+					}
+				}
+			}
+			t.Logf("NATS down %v: %d of %d agents lapsed; ap admitted %d of acme's %d requests meanwhile", time.Since(cut).Round(time.Millisecond), lapsed, len(tNames), allowed, offered)
+			if !tc.lapse && time.Now().UnixMicro() < before["ap"].LeaseExpiry && allowed < offered*95/100 {
+				t.Errorf("ap admitted %d of %d requests within its lease, want all but a few", allowed, offered)
+			}
+			if tc.lapse {
+				waitFor(t, 10*time.Second, "every agent lapsed", func() bool {
+					for _, r := range tNames {
+						if !c.agents[r].node.Table().Lapsed {
+							return false
+						}
+					}
+					return true
+				})
+			}
+			for _, p := range proxies {
+				p.restore()
+			}
+			took := waitFor(t, 30*time.Second, "every agent named on a newer table, ap holding acme's budget", func() bool {
+				for _, r := range tNames {
+					st, b := c.agents[r].node.Table(), before[r]
+					if st.Lapsed || !st.Named || st.Term < b.Term || (st.Term == b.Term && st.Epoch <= b.Epoch) {
+						return false
+					}
+				}
+				s, _ := ap.share(key)
+				return s > 700_000
+			})
+			// And the node runs the table's share, not the safe one: ap
+			// admits all of acme's 400/s over the next second.
+			offered, allowed = l.window(time.Second)
+			if allowed < offered*95/100 {
+				t.Errorf("after NATS returned ap admits %d of acme's %d requests a second; its table gives it > 70 %% of 1,000/s", allowed, offered)
+			}
+			t.Logf("NATS back: every agent on a newer table and ap admitting in full %v later (then %d of %d a second admitted)", took.Round(time.Millisecond), allowed, offered)
+			if l.failed.Load() > 0 {
+				t.Errorf("%d decisions failed", l.failed.Load())
+			}
+			c.log.check(t)
+		})
+	}
+}
+
+// TestClusterSIGTERMUnderLoad is issue 17's drain drill: the agent serving
+// a tenant's traffic gets SIGTERM (main turns it into the end of Run's
+// context, as here). Through its drain delay it keeps answering — none of
+// the load's decisions fails and readiness is gone at once — then leaves
+// memberlist; its share stays its own until its lease plus MaxSkew (the
+// others' shares never rise into it earlier, from the merged log), and when
+// the traffic moves to another region that region takes the budget over.
+// Restarted (a rolling restart), it gets its share back.
+func TestClusterSIGTERMUnderLoad(t *testing.T) {
+	c := newTCluster(t)
+	const drain = 4 * tΔ
+	c.drain = drain
+	c.startAll()
+	victim := besides(c.leader(10*time.Second, ""))
+	key := keyOf("acme")
+	l := c.hold(victim, "acme")
+	a := c.agents[victim]
+	t.Logf("%s admitting acme's traffic in full %v after its table said so", victim, admitting(t, l, "acme at "+victim).Round(time.Millisecond))
+	lease := a.node.Table().LeaseExpiry
+	term := time.Now()
+	a.cancel() // SIGTERM
+	offered, allowed := l.window(drain / 2)
+	rr := httptest.NewRecorder()
+	a.agent.Handler().ServeHTTP(rr, httptest.NewRequest("GET", "/readyz", nil))
+	if rr.Code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz during the drain: %d, want 503", rr.Code)
+	}
+	<-a.done
+	stopped := time.Since(term)
+	l.end()
+	a.stop()
+	if n := l.failed.Load(); n > 0 {
+		t.Errorf("%d of the load's decisions failed during the drain", n)
+	}
+	if allowed < offered*95/100 {
+		t.Errorf("during the drain %s admitted %d of %d requests, want all but a few (it holds > 70 %%)", victim, allowed, offered)
+	}
+	t.Logf("%s drained for %v (drain_delay %v), admitting %d of %d meanwhile", victim, stopped.Round(time.Millisecond), drain, allowed, offered)
+	other := "ap"
+	o := c.offer(other, "acme", 400)
+	defer o.end()
+	waitFor(t, tLease+15*time.Second, other+" holding the stopped region's share", func() bool {
+		s, _ := c.agents[other].share(key)
+		return s > 700_000
+	})
+	t.Logf("%s took acme's budget over %v after %s got SIGTERM (its lease ran %v past it)", other, (time.Since(term)).Round(time.Millisecond), victim, time.Duration(lease-term.UnixMicro())*time.Microsecond)
+	c.log.mu.Lock()
+	for _, ch := range c.log.changes {
+		if ch.Key == key && ch.Region != victim && ch.Share > 1_000_000-700_000 && ch.At < lease+tSkew.Microseconds() {
+			t.Errorf("%s got %d ppm at %d, before %s's lease %d + skew", ch.Region, ch.Share, ch.At, victim, lease)
+		}
+	}
+	c.log.mu.Unlock()
+	o.end()
+	c.start(victim)
+	back := c.offer(victim, "acme", 400)
+	defer back.end()
+	took := waitFor(t, 60*tΔ, victim+" holding acme's budget again", func() bool {
+		s, _ := c.agents[victim].share(key)
+		return s > 700_000
+	})
+	t.Logf("%s, restarted, holds acme's budget again %v after its first offer", victim, took.Round(time.Millisecond))
 	c.log.check(t)
 }
