@@ -685,6 +685,7 @@ func TestClusterRegionLoss(t *testing.T) {
 	lease := c.agents[victim].node.Table().LeaseExpiry
 	l.end()
 	c.agents[victim].stop()
+	lost := time.Now()
 	other := "ap"
 	o := c.offer(other, "acme", 400)
 	defer o.end()
@@ -692,6 +693,7 @@ func TestClusterRegionLoss(t *testing.T) {
 		s, _ := c.agents[other].share(key)
 		return s > 500_000
 	})
+	t.Logf("%s given the lost region's share %v after the loss (its lease ran %v past it)", other, time.Since(lost).Round(time.Millisecond), (time.Duration(lease-lost.UnixMicro()) * time.Microsecond).Round(time.Millisecond))
 	// From the merged log: no other region's share rose above what it had
 	// before the loss until the victim's lease plus the skew had passed.
 	floor := uint32(33_333) // floor(0.1 · 10⁶ / 3)
