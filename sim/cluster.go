@@ -405,7 +405,11 @@ func (r *Run) scheduleClusterFaults() {
 			last = max(last, t)
 			r.schedule(event{t: t, kind: evFault, a: faultPolicyAgent, b: int32(j*r.agents + g)})
 		}
-		r.schedule(event{t: last, kind: evFault, a: faultPolicySettled, b: int32(j)})
+		// A reservation booked under the old budget is a promise the
+		// agent made before it read the file: the client is served at
+		// its slot, up to the reservation horizon later. Until the last
+		// such slot, a shrinking budget's meter keeps the old value.
+		r.schedule(event{t: last + r.reserveHorizon(), kind: evFault, a: faultPolicySettled, b: int32(j)})
 	}
 	r.crashed = make([][2]int, len(f.AgentCrash))
 	for i, c := range f.AgentCrash {
@@ -474,10 +478,22 @@ func (r *Run) fault(edge, i int) error {
 	return nil
 }
 
+// reserveHorizon is how far ahead (µs) a reservation can book a slot: the
+// clients' wait, at most the agents' MaxReserveWait (the fence); 0 when
+// the clients do not reserve.
+func (r *Run) reserveHorizon() int64 {
+	rs := r.sc.Workload.Retry
+	if rs == nil || rs.Reserve <= 0 || r.baseline() {
+		return 0
+	}
+	return min(us(rs.Reserve), r.rcfg.Fence.Microseconds())
+}
+
 // reloadBudgets moves the yardstick to policy reload j's budgets: the ideal
 // limiter (and the replicated counter) when the file changes; OA_budget's
 // meter then for a budget that grows, and for one that shrinks once every
-// agent has read the file — until then regions may still run the larger
+// agent has read the file and the slots booked before then have been
+// served (reserveHorizon) — until then regions may still run the larger
 // budget, by the operator's rollout rather than by the protocol.
 func (r *Run) reloadBudgets(edge, j int) {
 	rl := r.reloads[j]

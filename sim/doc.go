@@ -101,7 +101,9 @@
 // agents run different budgets: the shares and bursts in force are then
 // measured against the largest budget a live agent's policy gives the key
 // (a rollout promises no more), and OA_budget's meter keeps a shrinking
-// budget's old value until every agent has read the new one.
+// budget's old value until every agent has read the new one and the
+// reservations booked before then have been served (the reservation
+// horizon later: a booked slot is a promise made under the old budget).
 //
 // Control cost counts what gossip/wire would put on the wire: each report,
 // ack and signed table is sized exactly (ReportSize, AckSize, TableSize,

@@ -52,13 +52,6 @@ var knownFailures = []struct {
 	// (issue 17, defect 7); 163 still does.
 	{"safety: a restarted agent's epoch slot diverges from its siblings' on the same store (the coordinator's agent crashed)",
 		CheckOABudget, "agent-crash", 163, 0},
-	// Found once forged heads stopped deposing the coordinator (the
-	// schedule failed that check first): a policy reload that cuts
-	// budgets to a quarter, with clients holding reservations, admits
-	// 1.1 % over the new budget (shrunk to the reload alone; it fails on
-	// 7904ae3 too).
-	{"safety: a reload that shrinks budgets over-admits against the new budget with reservations booked under the old one",
-		CheckOABudget, "policy-reload", 268, 0},
 }
 
 // known reports whether failure f is a known one: its check, and a fault

@@ -153,10 +153,10 @@ func TestReloadShrinkKeepsSharesInForce(t *testing.T) {
 // region still on the table before the decrease ran (7173: 58 of 55); a
 // term begun from a table stored under the old budget kept its row
 // versions, so a region kept the old burst scaled down (7961: 9 of 8).
-// Schedules 7173 and 10738 then run into an over-admission with
-// reservations (safety/oa-budget: under an agent partition, and the
-// reservation class of explorer schedule 268), defects of their own,
-// still open (knownFailures).
+// Schedule 7173 then runs into an over-admission under an agent partition
+// (safety/oa-budget, the epoch-slot class in knownFailures), a defect of
+// its own, still open; 10738 ran into the reservation class until
+// TestReloadShrinkHonorsBookedSlots's fix.
 func TestReloadBurstsBackedByShares(t *testing.T) {
 	for _, i := range []int{1956, 7173, 7961, 10738, 12402, 12773, 15614, 19256} {
 		p := draw(ExploreBase(), 1, i, nil)
@@ -164,7 +164,38 @@ func TestReloadBurstsBackedByShares(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v != nil && ((i != 7173 && i != 10738) || v.Check != CheckOABudget) {
+		if v != nil && (i != 7173 || v.Check != CheckOABudget) {
+			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
+		}
+	}
+}
+
+// TestReloadShrinkHonorsBookedSlots: a policy reload cuts budgets (to a
+// quarter) while clients hold reservations. A reservation booked before an
+// agent read the new file is a promise made under the old budget — the
+// client is told its slot and is served there, up to the reservation
+// horizon (the clients' wait, at most the agents' MaxReserveWait, the
+// fence) later; no agent can take it back. OA_budget's meter therefore
+// keeps a shrinking budget's old value until every agent has read the
+// file and that horizon has passed (sim's doc); bookings made after an
+// agent read it are measured against the new budget as before. Schedule
+// 268 of seed 1 — a reload with reserving clients — fails on c8a3613 with
+// safety/oa-budget (1.7 % over the new budget, maxmin): the meter moved to
+// the quarter budget the instant the last agent read the file and counted
+// the slots booked just before as over-admitted. 10738, the same fault mix
+// (it has passed since tables name only members, 44a6a06), stays as a
+// second witness.
+func TestReloadShrinkHonorsBookedSlots(t *testing.T) {
+	for _, i := range []int{268, 10738} {
+		p := draw(ExploreBase(), 1, i, nil)
+		if rs := p.sc.Workload.Retry; rs == nil || rs.Reserve <= 0 {
+			t.Fatalf("schedule %d: its clients do not reserve", i)
+		}
+		v, _, err := p.run(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != nil {
 			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
 		}
 	}
