@@ -393,9 +393,34 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 	}
 	c.latest = latest
 	if latest != nil {
-		for _, l := range latest.Leases {
-			if now >= l {
-				c.restore = true // a region's agents may have lapsed: see Observe
+		n := c.nR
+		for i, l := range latest.Leases {
+			if now < l {
+				continue
+			}
+			c.restore = true // a region's agents may have lapsed: see Observe
+			if i >= len(latest.Regions) {
+				continue
+			}
+			ri, ok := c.ridx[latest.Regions[i]]
+			if !ok {
+				continue
+			}
+			// Its agents run at most min(stored, safe) now, and a table
+			// the term cannot see — one stored after this one and then
+			// overwritten, by a replay of this one or a lost write — may
+			// have handed the rest of its share to others once that
+			// lease had passed: the term inherits the region at its
+			// lapsed shares and bursts, so that giving it more is an
+			// increase like any other (explorer schedule 35053 of seed
+			// 1: a term begun from a replayed head raised a lapsed region
+			// back to its stored share while another region ran the
+			// share a later, overwritten table had given it — Σ in force
+			// 1,117,515 ppm).
+			for k := range c.budgets {
+				j := k*n + ri
+				c.cur[j] = min(c.cur[j], c.safe[ri])
+				c.curB[j] = min(c.curB[j], SafeBurst(c.budgets[k].Limit.Burst(), c.safe[ri], n))
 			}
 		}
 	}

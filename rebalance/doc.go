@@ -199,7 +199,11 @@
 // StartTerm hands it the newest stored table: it republishes those shares
 // under the new term (learning mode) until every agent that table named has
 // acknowledged, or one lease plus MaxSkew has passed, and only then
-// rebalances — a failover never resets shares. The new term starts from
+// rebalances — a failover never resets shares. A region whose lease in the
+// stored table has passed is the exception: its agents may have lapsed, and
+// a table the term cannot see (stored after that one and then overwritten,
+// as a replayed head overwrites) may have handed the rest of its share to
+// others, so the term inherits it at min(stored, safe) share and burst. The new term starts from
 // the stored table's agents and leases: it names the agents the stored table
 // named until their region's stored lease plus MaxSkew and waits for them as
 // for agents it named itself, and a decrease of a region the stored table

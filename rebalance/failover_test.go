@@ -262,3 +262,54 @@ func TestObserveAcceptsAReportFromAClockAhead(t *testing.T) {
 		t.Error("interval 1 more than MaxSkew before it closed: accepted")
 	}
 }
+
+// A term that starts from a table whose lease for a region has passed
+// inherits that region at its lapsed shares and bursts, min(stored, safe):
+// its agents run no more, and a table the term cannot see — stored after
+// this one and then overwritten, by a replay of this one or a lost write —
+// may have handed the rest of that region's share to others. Regions
+// whose lease still runs keep their stored shares (a failover never
+// resets them). Fails on c27d7ab: the term republished the stored shares
+// with fresh leases, raising a lapsed region back above its safe share
+// while another ran what the overwritten table gave it (explorer schedule
+// 35053 of seed 1: Σ shares in force 1,117,515 ppm; 48273 and 56982 too).
+func TestFailoverInheritsLapsedRegions(t *testing.T) {
+	cfg := unitConfig("a", "b", "c")
+	old := started(t, cfg, budget("k"))
+	observe(t, old, "a", "a1", 0, sec, map[string]int64{"k": 800})
+	observe(t, old, "b", "b1", 0, sec, map[string]int64{"k": 150})
+	observe(t, old, "c", "c1", 0, sec, map[string]int64{"k": 50})
+	old.Tick(sec)
+	take(old)
+	settle(t, old, sec)
+	stored := *old.Latest()
+	if sharesOf(&stored, "k")[0] <= old.safe[0] {
+		t.Fatal("setup: a holds only its floor")
+	}
+	start := 4 * sec
+	stored.Leases = []int64{start - 1, start + 3*sec, start + 3*sec} // a's has passed
+	c := mustCoordinator(t, cfg, budget("k"))
+	if err := c.MemberChange([]Member{{"a", "a1"}, {"b", "b1"}, {"c", "c1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartTerm(2, &stored, start); err != nil {
+		t.Fatal(err)
+	}
+	first := take(c)[0]
+	var row KeyShares
+	for _, ks := range first.Keys {
+		if ks.Key == "k" {
+			row = ks
+		}
+	}
+	was := sharesOf(&stored, "k")
+	safeB := SafeBurst(budget("k").Limit.Burst(), c.safe[0], 3)
+	if row.Shares[0] > c.safe[0] || row.Bursts[0] > safeB {
+		t.Errorf("a, whose stored lease had passed: republished %d ppm burst %d, want at most its safe %d ppm burst %d (stored %d ppm)", row.Shares[0], row.Bursts[0], c.safe[0], safeB, was[0])
+	}
+	for r := 1; r < 3; r++ {
+		if row.Shares[r] != was[r] {
+			t.Errorf("region %s, lease still running: republished %d ppm, stored %d", first.Regions[r], row.Shares[r], was[r])
+		}
+	}
+}

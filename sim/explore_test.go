@@ -48,10 +48,11 @@ var knownFailures = []struct {
 	// or what a reduced agent writes, need a region-wide rule.
 	{"safety: a lapsed agent's epoch slot diverges from its siblings' on the same store (agent partitioned from NATS beyond its lease)",
 		CheckOABudget, "agent-partition", 4, 0},
-	// Schedule 266 found this class until tables named only members
-	// (issue 17, defect 7); 163 still does.
-	{"safety: a restarted agent's epoch slot diverges from its siblings' on the same store (the coordinator's agent crashed)",
-		CheckOABudget, "agent-crash", 163, 0},
+	// The same class with the coordinator's agent crashed (schedules 266
+	// and 163) stopped failing once tables named only members (44a6a06)
+	// and a term inherited lapsed regions at their safe shares; the
+	// mechanism (schedule 4's, analysed in issue 17's notes) is not
+	// specific to the partition, so a crash may find it again.
 }
 
 // known reports whether failure f is a known one: its check, and a fault

@@ -215,3 +215,25 @@ func tableKeys(t *rebalance.Table) []string {
 	}
 	return out
 }
+
+// TestTermInheritsLapsedRegions replays the schedules of seed 1's
+// 100,000-schedule run whose shares in force summed above 10⁶ because a
+// term began from a head older than a table the agents ran (a genuine
+// head replayed over the newer one, each while the coordinator's region
+// was partitioned from the rest) and raised a region whose
+// stored lease had passed back to its stored share: the term now inherits
+// such a region at min(stored, safe) (rebalance's doc,
+// TestFailoverInheritsLapsedRegions). Fail on c27d7ab with safety/share
+// (48273) and safety/burst (56982).
+func TestTermInheritsLapsedRegions(t *testing.T) {
+	for _, i := range []int{48273, 56982} {
+		p := draw(ExploreBase(), 1, i, nil)
+		v, _, err := p.run(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != nil {
+			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
+		}
+	}
+}
