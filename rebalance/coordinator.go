@@ -60,6 +60,7 @@ type Coordinator struct {
 	blind        bool   // a later term with no stored table: learning lasts until learnUntil
 	restore      bool   // the next table gives every key a new version
 	vbase        uint64 // the version a key new to this term starts from
+	rebase       bool   // the next table's new row versions start at vbase (a term's first)
 	learnEpoch   uint64 // the first republished table: acks at or after it end learning
 	learnWaitFor map[agentKey]bool
 
@@ -392,6 +393,18 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 		c.adopt(latest)
 	}
 	c.latest = latest
+	if latest != nil && term > 1 {
+		// The term's first table gives every row a new version from the
+		// term's base, above any version an earlier term gave: the stored
+		// head may be older than tables the agents hold (a replayed
+		// genuine head, a write the bucket lost), whose row versions are
+		// higher than the stored ones — an agent keeps a row whose
+		// version went backwards, so it would keep that table's share
+		// under this term's tables (explorer schedule 35053 of seed 1:
+		// us-1 held v31's 820,834 ppm under the term's v29 rows, Σ in
+		// force 1,083,150 ppm).
+		c.restore, c.rebase = true, true
+	}
 	if latest != nil {
 		n := c.nR
 		for i, l := range latest.Leases {
@@ -531,7 +544,8 @@ func (c *Coordinator) adopt(t *Table) {
 		}
 	}
 	// What the stored table published is what the next table compares
-	// with, so unchanged keys keep their versions across a failover.
+	// with (the term's first table still gives every row a new version
+	// from the term's base: StartTerm).
 	c.pub = slices.Clone(c.cur)
 	c.pubB = slices.Clone(c.curB)
 	c.rows = make([]KeyShares, len(c.budgets))

@@ -320,10 +320,13 @@ func TestStartTermRepublishesAndLearns(t *testing.T) {
 	}
 }
 
-// Failover never resets shares, and a republished key whose shares did not
-// change keeps its Version: its limit did not change, so the regions must
-// not convert its state.
-func TestStartTermKeepsVersion(t *testing.T) {
+// Failover never resets shares: a republished key keeps its shares and
+// bursts, under a version from the new term's base — above any version an
+// earlier term gave, so that an agent holding a newer table than the
+// stored head (a replayed head, a lost write) takes this term's row rather
+// than keep its own (TestFailoverFromAReplayedHeadRebasesVersions). The
+// limit does not change, so the stores' conversion is exact.
+func TestStartTermKeepsSharesUnderANewVersion(t *testing.T) {
 	cfg := unitConfig("a", "b")
 	old := started(t, cfg, budget("k"))
 	observe(t, old, "a", "a1", 0, sec, map[string]int64{"k": 500})
@@ -337,8 +340,12 @@ func TestStartTermKeepsVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := take(c)[0]
-	if got, want := first.Keys[0].Version, stored.Keys[0].Version; got != want {
-		t.Errorf("republished unchanged shares %v with Version %d, stored Version %d (want equal)", first.Keys[0].Shares, got, want)
+	got, was := first.Keys[0], stored.Keys[0]
+	if !slices.Equal(got.Shares, was.Shares) || !slices.Equal(got.Bursts, was.Bursts) {
+		t.Errorf("republished %v bursts %v, stored %v bursts %v", got.Shares, got.Bursts, was.Shares, was.Bursts)
+	}
+	if got.Version < 1<<32 || got.Version <= was.Version {
+		t.Errorf("republished under version %d, want at least term 2's base %d (stored %d)", got.Version, uint64(1)<<32, was.Version)
 	}
 }
 

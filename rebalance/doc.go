@@ -226,10 +226,14 @@
 // may be the one an old table still holds), and stays in learning mode
 // for one lease plus MaxSkew, acknowledgements or not; then every agent
 // runs its tables or has lapsed to its safe share. Row versions never go
-// back across terms: a key a term budgets first (not adopted from the
-// stored table) starts at version (term−1)·2³², above any an earlier term
-// can have given it (fewer than 2³² changes per key per term), because an
-// agent keeps a row whose version went backwards. And a row an agent
+// back across terms: a term's first table gives every row — adopted from
+// the stored table or new — a version from (term−1)·2³², above any an
+// earlier term can have given it (fewer than 2³² changes per key per
+// term), because an agent keeps a row whose version went backwards and the
+// stored head may be older than a table an agent holds (a replayed head,
+// a lost write); the limits do not change, so the stores convert exactly.
+// (Tag arithmetic compares store epochs within 2³⁹, about 32 terms: a
+// state left unrested across 32 failovers may be read as newer.) And a row an agent
 // reduced twice under one version (two lapses) is restored only by a new
 // version: after an agent was silent for a lease less Δ, or when a term
 // starts from a table whose lease has passed, the next table gives every

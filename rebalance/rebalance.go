@@ -368,8 +368,8 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 	// After an agent may have lapsed (Observe, StartTerm) every row gets
 	// a new version: a row an agent reduced twice under one version (its
 	// epoch slots 4v+5 and 4v+7) is restored only by a new one.
-	restore := c.restore
-	c.restore = false
+	restore, rebase := c.restore, c.rebase
+	c.restore, c.rebase = false, false
 	changedRows := 0
 	for k := range K {
 		if !restore && c.rows[k].Shares != nil && same(k) {
@@ -389,6 +389,9 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 		}
 		if !unchanged {
 			c.version[k]++
+			if rebase {
+				c.version[k] = max(c.version[k], c.vbase)
+			}
 		}
 		s := backS[:n:n]
 		backS = backS[n:]

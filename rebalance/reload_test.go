@@ -115,9 +115,9 @@ func TestStartTermUnderANewBudgetGivesANewVersion(t *testing.T) {
 	}
 	tb := take(n)[0]
 	old, row := stored.Keys[0], tb.Keys[0]
-	if row.Version != old.Version+1 || row.Budget != shrunk.Limit {
-		t.Errorf("first table of the new term: key k version %d budget %v, want version %d (stored %d under %v) and budget %v",
-			row.Version, row.Budget, old.Version+1, old.Version, old.Budget, shrunk.Limit)
+	if row.Version <= old.Version || row.Budget != shrunk.Limit {
+		t.Errorf("first table of the new term: key k version %d budget %v, want a version above %d (stored under %v) and budget %v",
+			row.Version, row.Budget, old.Version, old.Budget, shrunk.Limit)
 	}
 	var sum, ppm int64
 	for r, b := range row.Bursts {
