@@ -109,6 +109,25 @@ func TestExploreSeed1(t *testing.T) {
 		rep.Schedules, rep.OverAdmitting, rep.Liveness, rep.Resumed, rep.Checks, len(rep.Failures), rep.ByCheck())
 }
 
+// passSeed1 replays schedules of seed 1 (the explorer's base) and fails
+// on any violation; setup, when set, checks each drawn scenario first.
+func passSeed1(t *testing.T, setup func(int, *Scenario), schedules ...int) {
+	t.Helper()
+	for _, i := range schedules {
+		p := draw(ExploreBase(), 1, i, nil)
+		if setup != nil {
+			setup(i, p.sc)
+		}
+		v, _, err := p.run(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != nil {
+			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
+		}
+	}
+}
+
 // TestKnownFailures runs each known failure's schedule (also under the
 // race detector, where TestExploreSeed1 runs only the first 12) and
 // checks it still violates its check: the list shrinks as defects are

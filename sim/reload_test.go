@@ -132,16 +132,7 @@ func TestPolicyReloadScalesToValidBudgets(t *testing.T) {
 // ppm, a region back from a partition past its lease); schedule 32 (Σ
 // bursts 95 of 94) fails on 49a6518.
 func TestReloadShrinkKeepsSharesInForce(t *testing.T) {
-	for _, i := range []int{83, 87, 32} {
-		p := draw(ExploreBase(), 1, i, nil)
-		v, _, err := p.run(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v != nil {
-			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
-		}
-	}
+	passSeed1(t, nil, 83, 87, 32)
 }
 
 // TestReloadBurstsBackedByShares replays the eight schedules of the
@@ -186,17 +177,9 @@ func TestReloadBurstsBackedByShares(t *testing.T) {
 // (it has passed since tables name only members, 44a6a06), stays as a
 // second witness.
 func TestReloadShrinkHonorsBookedSlots(t *testing.T) {
-	for _, i := range []int{268, 10738} {
-		p := draw(ExploreBase(), 1, i, nil)
-		if rs := p.sc.Workload.Retry; rs == nil || rs.Reserve <= 0 {
+	passSeed1(t, func(i int, sc *Scenario) {
+		if rs := sc.Workload.Retry; rs == nil || rs.Reserve <= 0 {
 			t.Fatalf("schedule %d: its clients do not reserve", i)
 		}
-		v, _, err := p.run(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v != nil {
-			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
-		}
-	}
+	}, 268, 10738)
 }

@@ -226,14 +226,5 @@ func tableKeys(t *rebalance.Table) []string {
 // TestFailoverInheritsLapsedRegions). Fail on c27d7ab with safety/share
 // (48273) and safety/burst (56982).
 func TestTermInheritsLapsedRegions(t *testing.T) {
-	for _, i := range []int{48273, 56982} {
-		p := draw(ExploreBase(), 1, i, nil)
-		v, _, err := p.run(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v != nil {
-			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
-		}
-	}
+	passSeed1(t, nil, 48273, 56982)
 }

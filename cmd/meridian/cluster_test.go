@@ -469,6 +469,35 @@ func (c *tCluster) hold(regionName, tenant string) *load {
 	return l
 }
 
+// takeOver offers tenant traffic in region (400 requests/s) once another
+// region has gone, and waits until its agent holds more than above ppm of
+// the tenant's budget — after the gone region's lease and skew at the
+// earliest — returning the load.
+func (c *tCluster) takeOver(regionName, tenant string, above uint32) *load {
+	c.t.Helper()
+	l := c.offer(regionName, tenant, 400)
+	key := keyOf(tenant)
+	waitFor(c.t, tLease+15*time.Second, regionName+" given the gone region's share", func() bool {
+		s, _ := c.agents[regionName].share(key)
+		return s > above
+	})
+	return l
+}
+
+// heldUntil fails if, before until (µs), any region but victim ran more of
+// key than the share victim held beyond 70 %: victim's share stayed its own
+// until its lease plus skew had passed.
+func (l *shareLog) heldUntil(t testing.TB, key, victim string, until int64) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ch := range l.changes {
+		if ch.Key == key && ch.Region != victim && ch.Share > 1_000_000-700_000 && ch.At < until {
+			t.Errorf("%s got %d ppm at %d, before %s's lease + skew %d", ch.Region, ch.Share, ch.At, victim, until)
+		}
+	}
+}
+
 // besides returns a region whose agent is not a: eu, or us when a is eu's.
 func besides(a *tAgent) string {
 	if a.name == "eu" {
@@ -687,23 +716,13 @@ func TestClusterRegionLoss(t *testing.T) {
 	c.agents[victim].stop()
 	lost := time.Now()
 	other := "ap"
-	o := c.offer(other, "acme", 400)
+	o := c.takeOver(other, "acme", 500_000)
 	defer o.end()
-	waitFor(t, tLease+15*time.Second, other+" given the dead region's share", func() bool {
-		s, _ := c.agents[other].share(key)
-		return s > 500_000
-	})
 	t.Logf("%s given the lost region's share %v after the loss (its lease ran %v past it)", other, time.Since(lost).Round(time.Millisecond), (time.Duration(lease-lost.UnixMicro()) * time.Microsecond).Round(time.Millisecond))
 	// From the merged log: no other region's share rose above what it had
 	// before the loss until the victim's lease plus the skew had passed.
 	floor := uint32(33_333) // floor(0.1 · 10⁶ / 3)
-	c.log.mu.Lock()
-	for _, ch := range c.log.changes {
-		if ch.Key == key && ch.Region != victim && ch.Share > 1_000_000-700_000 && ch.At < lease+tSkew.Microseconds() {
-			t.Errorf("%s got %d ppm at %d, before %s's lease %d + skew", ch.Region, ch.Share, ch.At, victim, lease)
-		}
-	}
-	c.log.mu.Unlock()
+	c.log.heldUntil(t, key, victim, lease+tSkew.Microseconds())
 	c.log.check(t)
 	// Once the table gives the victim its floor, it returns with demand
 	// and gets more than its floor.
@@ -1254,20 +1273,10 @@ func TestClusterSIGTERMUnderLoad(t *testing.T) {
 	}
 	t.Logf("%s drained for %v (drain_delay %v), admitting %d of %d meanwhile", victim, stopped.Round(time.Millisecond), drain, allowed, offered)
 	other := "ap"
-	o := c.offer(other, "acme", 400)
+	o := c.takeOver(other, "acme", 700_000)
 	defer o.end()
-	waitFor(t, tLease+15*time.Second, other+" holding the stopped region's share", func() bool {
-		s, _ := c.agents[other].share(key)
-		return s > 700_000
-	})
 	t.Logf("%s took acme's budget over %v after %s got SIGTERM (its lease ran %v past it)", other, (time.Since(term)).Round(time.Millisecond), victim, time.Duration(lease-term.UnixMicro())*time.Microsecond)
-	c.log.mu.Lock()
-	for _, ch := range c.log.changes {
-		if ch.Key == key && ch.Region != victim && ch.Share > 1_000_000-700_000 && ch.At < lease+tSkew.Microseconds() {
-			t.Errorf("%s got %d ppm at %d, before %s's lease %d + skew", ch.Region, ch.Share, ch.At, victim, lease)
-		}
-	}
-	c.log.mu.Unlock()
+	c.log.heldUntil(t, key, victim, lease+tSkew.Microseconds())
 	o.end()
 	c.start(victim)
 	back := c.offer(victim, "acme", 400)
