@@ -298,9 +298,15 @@ func (c *Coordinator) apply(p *rekey) {
 				if pr.b == nil {
 					continue
 				}
-				if c.blind && c.learning {
-					// A key new to a blind term may be one an earlier
-					// term's agents still run: its floors get their part.
+				if c.learning {
+					// A key new to a term still learning may be one an
+					// earlier term's agents still run — one the stored
+					// table lacks but an older table has (a blind term's
+					// stored table has no keys): its floors get only
+					// their part of the burst (explorer schedule 36171 of
+					// seed 1: a term begun from a blind term's empty table
+					// split a key's whole burst over the floors while an
+					// agent ran its older share, Σ bursts 643 of 549).
 					splitHeld(b.Limit, pr.s[lo:hi], c.safe, pr.b[lo:hi])
 				} else {
 					splitRow(b.Limit, pr.s[lo:hi], c.safe, pr.b[lo:hi])

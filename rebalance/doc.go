@@ -225,7 +225,10 @@
 // with a share is not given: with a burst below the number of regions it
 // may be the one an old table still holds), and stays in learning mode
 // for one lease plus MaxSkew, acknowledgements or not; then every agent
-// runs its tables or has lapsed to its safe share. Row versions never go
+// runs its tables or has lapsed to its safe share. A key new to any term
+// still in learning mode gets the same: its floors with only their part of
+// the burst (the stored table may lack a key an older one has — a blind
+// term's tables start with none). Row versions never go
 // back across terms: a term's first table gives every row — adopted from
 // the stored table or new — a version from (term−1)·2³², above any an
 // earlier term can have given it (fewer than 2³² changes per key per

@@ -228,3 +228,14 @@ func tableKeys(t *rebalance.Table) []string {
 func TestTermInheritsLapsedRegions(t *testing.T) {
 	passSeed1(t, nil, 48273, 56982)
 }
+
+// TestKeyNewWhileLearningHoldsBursts replays the schedules of seed 1's
+// 100,000-schedule run whose Σ bursts went over because a term, begun
+// from a blind term's table (no keys: a bucket loss, then a second
+// failover), budgeted a key its reports named while still learning with
+// the key's whole burst split over the floors, while an agent still ran an
+// older table's burst for it (rebalance.TestKeyNewWhileLearningGetsHeldBursts).
+// Fail on ce379e9 with safety/burst (36171: 643 of 549).
+func TestKeyNewWhileLearningHoldsBursts(t *testing.T) {
+	passSeed1(t, nil, 36171, 69098, 77152)
+}
