@@ -450,7 +450,17 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 	// plus MaxSkew before it rebalances, as learning mode waits for agents
 	// it cannot hear from.
 	c.blind = latest == nil && term > 1
-	c.learning = (latest != nil || c.blind) && !c.cfg.Shadow
+	// A first term with no stored table is a new cluster's — or that of a
+	// candidate restarted cold while the bucket was lost, whose election
+	// in the recreated bucket restarts at term 1 below the tables every
+	// other agent runs (they refuse its tables as older). It learns like
+	// a failover: no rebalance until every member has acknowledged its
+	// first table, or one lease plus MaxSkew has passed, so that it never
+	// raises a share while older tables may be in force (explorer
+	// schedules 60901 and 50306 of seed 1: Σ shares 1,117,971 ppm, Σ
+	// bursts 581 of 447). A new cluster's agents acknowledge at once.
+	fresh := latest == nil && term == 1 && len(c.members) > 0
+	c.learning = (latest != nil || c.blind || fresh) && !c.cfg.Shadow
 	if c.blind {
 		// Floors with only their part of each burst (splitHeld): the
 		// whole burst split over the floors would add to what agents
@@ -463,6 +473,11 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 	}
 	c.learnUntil = now + int64(c.cfg.Lease/time.Microsecond) + int64(c.cfg.MaxSkew/time.Microsecond)
 	c.learnWaitFor = map[agentKey]bool{}
+	if fresh {
+		for k := range c.members {
+			c.learnWaitFor[k] = true
+		}
+	}
 	if latest != nil {
 		// The stored table's agents may run its shares until its leases
 		// plus skew: the new term names them until then and waits for
@@ -588,10 +603,22 @@ func (c *Coordinator) Ack(region, agent string, term, epoch uint64) error {
 		return err
 	}
 	a.heard = max(a.heard, c.now)
+	c.holds(a, term, epoch)
+	return nil
+}
+
+// holds records that agent a has table (term, epoch) in force — unless
+// that is a table this coordinator never made (above its own term and
+// epoch: another coordinator's, or an earlier cluster's that a candidate
+// restarted cold could not see), which acknowledges nothing of its own: an
+// agent on it refuses this coordinator's tables as older.
+func (c *Coordinator) holds(a *agentState, term, epoch uint64) {
+	if term > c.term || (term == c.term && epoch > c.epoch) {
+		return
+	}
 	if term > a.term || (term == a.term && epoch > a.epoch) {
 		a.term, a.epoch = term, epoch
 	}
-	return nil
 }
 
 // agent returns the state of agent k, making it when there is room: a
@@ -695,9 +722,7 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 		c.restore = true
 	}
 	a.interval, a.at, a.heard = r.Interval, now, max(a.heard, now)
-	if r.Term > a.term || (r.Term == a.term && r.Epoch > a.epoch) {
-		a.term, a.epoch = r.Term, r.Epoch
-	}
+	c.holds(a, r.Term, r.Epoch)
 	if len(unknown) > 0 {
 		return fmt.Errorf("%w: %s/%s: %d unknown keys (first %q) ignored", ErrBadReport, r.Region, r.Agent, len(unknown), unknown[0])
 	}

@@ -541,7 +541,12 @@ func TestBreakBeforeMake(t *testing.T) {
 		if err := c.StartTerm(1, nil, 0); err != nil {
 			t.Fatal(err)
 		}
-		take(c)
+		first := take(c)[0]
+		// Every member has the first table: a new cluster's first term
+		// learns until they acknowledge it.
+		if err := c.Ack("a", "a2", first.Term, first.Epoch); err != nil {
+			t.Fatal(err)
+		}
 		observe(t, c, "a", "a1", 0, sec, map[string]int64{"k": 900})
 		observe(t, c, "b", "b1", 0, sec, map[string]int64{"k": 100})
 		c.Tick(sec)

@@ -214,7 +214,17 @@
 // older table named but the stored one no longer does, in a region the
 // stored table names other agents in: it may still run that older table
 // until its lease, which is at most the stored one. Tables are ordered by
-// (Term, Epoch); an agent refuses anything older than what it holds.
+// (Term, Epoch); an agent refuses anything older than what it holds, so a
+// report or acknowledgement naming a table above the coordinator's own
+// (term, epoch) acknowledges nothing: that agent runs a table this
+// coordinator never made.
+//
+// The first term with no stored table learns too, until every member has
+// acknowledged its first table or one lease plus MaxSkew has passed: it
+// is a new cluster's (whose agents acknowledge at once) or a candidate's
+// restarted cold while the bucket was lost, whose election in the
+// recreated bucket restarts at term 1 below the tables the other agents
+// run — they refuse its tables and never acknowledge them.
 //
 // A term after the first with no stored table to start from — the bucket
 // was lost, its head could not be verified, or it was a replay of a table

@@ -46,13 +46,19 @@ var knownFailures = []struct {
 	// cannot simply keep the stored TAT (that breaks the exactness
 	// property and the mixed-fleet upgrade test); the slots themselves,
 	// or what a reduced agent writes, need a region-wide rule.
-	{"safety: a lapsed agent's epoch slot diverges from its siblings' on the same store (agent partitioned from NATS beyond its lease)",
-		CheckOABudget, "agent-partition", 4, 0},
-	// The same class with the coordinator's agent crashed (schedules 266
-	// and 163) stopped failing once tables named only members (44a6a06)
-	// and a term inherited lapsed regions at their safe shares; the
-	// mechanism (schedule 4's, analysed in issue 17's notes) is not
-	// specific to the partition, so a crash may find it again.
+	// Seen with reserving clients only: a sibling's booked slots lie
+	// ahead of its state's TAT, and the conversion through a slow
+	// previous limit (a lapsed agent's safe share) lands before them (the
+	// analysis is in issue 17's notes, stop 27). Schedule 4 (an agent
+	// partitioned beyond its lease) found it until a new cluster's first
+	// term learned until its members acknowledged; these find it now.
+	{"safety: a restarted agent's epoch slot diverges from its siblings' on the same store (an agent crashed)",
+		CheckOABudget, "agent-crash", 266, 0},
+	// Since tables name only members (44a6a06), a false suspicion leaves
+	// a live agent unnamed — its tables applied reduced, in slot 4v+5 —
+	// beside siblings in 4v+4: the same class.
+	{"safety: an agent left unnamed by a false suspicion runs another epoch slot than its siblings on the same store",
+		CheckOABudget, "suspicion", 3, 0},
 }
 
 // known reports whether failure f is a known one: its check, and a fault
@@ -71,7 +77,7 @@ func known(f Failure) bool {
 func hasFault(sc *Scenario, kind string) bool {
 	list := map[string]string{"partition": "partitions", "kv-loss": "kv_loss", "head": "heads",
 		"nats-outage": "nats_outage", "agent-partition": "agent_partition", "agent-crash": "agent_crash",
-		"policy-reload": "policy_reloads"}[kind]
+		"policy-reload": "policy_reloads", "suspicion": "suspicions"}[kind]
 	return slices.ContainsFunc(faultSpells(sc), func(f spellRef) bool { return f.list == list })
 }
 
