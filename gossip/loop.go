@@ -865,6 +865,15 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			}
 			t := tm.Tick(now)
 			l.termEvents(log, tm)
+			if err := tm.Deposed(); err != nil {
+				// An agent runs a table above this term's: stand again
+				// above it.
+				l.mu.Lock()
+				l.led = max(l.led, tm.Outranked())
+				l.mu.Unlock()
+				l.m.fenced.Inc()
+				return err
+			}
 			if err := store(t); err != nil {
 				return err
 			}

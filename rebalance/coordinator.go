@@ -57,11 +57,12 @@ type Coordinator struct {
 
 	learning     bool
 	learnUntil   int64
-	blind        bool   // a later term with no stored table: learning lasts until learnUntil
-	restore      bool   // the next table gives every key a new version
-	vbase        uint64 // the version a key new to this term starts from
-	rebase       bool   // the next table's new row versions start at vbase (a term's first)
-	learnEpoch   uint64 // the first republished table: acks at or after it end learning
+	blind        bool      // a later term with no stored table: learning lasts until learnUntil
+	restore      bool      // the next table gives every key a new version
+	vbase        uint64    // the version a key new to this term starts from
+	rebase       bool      // the next table's new row versions start at vbase (a term's first)
+	above        [2]uint64 // the newest (term, epoch) an agent named that this coordinator never made
+	learnEpoch   uint64    // the first republished table: acks at or after it end learning
 	learnWaitFor map[agentKey]bool
 
 	transition bool // a decrease is out; the increase waits
@@ -370,6 +371,15 @@ func (c *Coordinator) Regions() []string { return slices.Clone(c.regions) }
 // Term returns the coordinator's term.
 func (c *Coordinator) Term() uint64 { return c.term }
 
+// Outranked returns the newest table (term, epoch) a report or an
+// acknowledgement named that is above everything this coordinator made
+// (term 0: none). An agent on it refuses this coordinator's tables as
+// older: another coordinator holds a later term, or this one is a
+// candidate's restarted cold after the bucket was lost, under a term the
+// cluster already passed. The shell ends the term and stands again above
+// it.
+func (c *Coordinator) Outranked() (term, epoch uint64) { return c.above[0], c.above[1] }
+
 // Learning reports whether the coordinator is still republishing the
 // table it inherited.
 func (c *Coordinator) Learning() bool { return c.learning }
@@ -614,6 +624,9 @@ func (c *Coordinator) Ack(region, agent string, term, epoch uint64) error {
 // agent on it refuses this coordinator's tables as older.
 func (c *Coordinator) holds(a *agentState, term, epoch uint64) {
 	if term > c.term || (term == c.term && epoch > c.epoch) {
+		if term > c.above[0] || (term == c.above[0] && epoch > c.above[1]) {
+			c.above = [2]uint64{term, epoch}
+		}
 		return
 	}
 	if term > a.term || (term == a.term && epoch > a.epoch) {

@@ -217,7 +217,8 @@
 // (Term, Epoch); an agent refuses anything older than what it holds, so a
 // report or acknowledgement naming a table above the coordinator's own
 // (term, epoch) acknowledges nothing: that agent runs a table this
-// coordinator never made.
+// coordinator never made, and Outranked reports it (the shell ends the
+// term and stands again above it).
 //
 // The first term with no stored table learns too, until every member has
 // acknowledged its first table or one lease plus MaxSkew has passed: it

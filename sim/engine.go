@@ -994,7 +994,14 @@ func (r *Run) handle(e *event) error {
 			if err := r.termEvents(); err != nil {
 				return err
 			}
-			if err := r.publish(t); err != nil {
+			if tm.Deposed() != nil {
+				// As gossip.Loop: an agent runs a table above this
+				// term's, so the term ends and the candidate stands
+				// again above it.
+				r.cands[r.leader].led = max(r.cands[r.leader].led, tm.Outranked())
+				r.dec.Fenced++
+				r.deposeCandidate(r.leader)
+			} else if err := r.publish(t); err != nil {
 				return err
 			}
 		}

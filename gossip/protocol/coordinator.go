@@ -169,6 +169,7 @@ type Term struct {
 	pending     []*rebalance.Report
 	unstored    *rebalance.Table
 	deposed     bool
+	outranked   error  // why a report or ack deposed the term (Deposed)
 	overwritten uint64 // heads no coordinator wrote (Fenced)
 
 	overflow, dropped uint64
@@ -348,9 +349,31 @@ func (t *Term) Tick(now int64) *rebalance.Table {
 	}
 	clear(t.pending)
 	t.pending = t.pending[:0]
+	if term, epoch := t.c.Outranked(); term != 0 {
+		// An agent runs a table above everything this term made: it
+		// refuses this term's tables, so the term is over (Deposed).
+		t.deposed = true
+		t.outranked = fmt.Errorf("%w: an agent runs table %d/%d, above this term's (term %d, newest epoch %d)", ErrDeposed, term, epoch, t.term, t.c.Latest().Epoch)
+		return nil
+	}
 	t.c.Tick(now)
 	t.collect()
 	return t.unstored
+}
+
+// Deposed returns the error (wrapping ErrDeposed) that ended the term
+// because an agent's report or acknowledgement named a table above any
+// this term made, and nil otherwise; Outranked is that table's term. The
+// shell ends the term as after a fenced write, and stands again with the
+// term floor at least Outranked, so that its next term is above the
+// table the agents run.
+func (t *Term) Deposed() error { return t.outranked }
+
+// Outranked returns the term of the newest table an agent named above this
+// term's own (0: none).
+func (t *Term) Outranked() uint64 {
+	term, _ := t.c.Outranked()
+	return term
 }
 
 // Unstored returns the table the store has not taken yet (nil: none):

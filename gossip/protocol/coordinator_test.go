@@ -682,3 +682,57 @@ func TestTermRefusesAgentsBeyondTheCap(t *testing.T) {
 		t.Errorf("another region's agent refused: %v", err)
 	}
 }
+
+// A report or acknowledgement naming a table above everything the term
+// made deposes the term: that agent refuses the term's tables as older.
+// It is what a candidate restarted cold while the bucket was lost meets
+// when it wins term 1 in the recreated bucket (the others run the old term
+// 1's later epochs), and what an old coordinator meets when a later term
+// has begun. Fails on f79d6dd (no Deposed): the term went on, its tables
+// refused by every agent until they lapsed — explorer schedule 50306 of
+// seed 1 failed liveness/table so.
+func TestTermDeposedByATableAboveIt(t *testing.T) {
+	pa := termPolicy(t, termPolicyA)
+	for _, tc := range []struct {
+		name        string
+		term, epoch uint64
+		ack         bool
+		want        uint64 // Outranked
+	}{
+		{"report of a later epoch of the same term", 1, 40, false, 1},
+		{"ack of a later term", 3, 2, true, 3},
+		{"report of its own table", 1, 1, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tm := newTestTerm(t, termConfig(), 1, nil, nil, pa, t0)
+			first := tm.Unstored()
+			tm.Stored(first, nil)
+			if tc.ack {
+				if err := tm.Ack("eu", "a1", tc.term, tc.epoch); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				rep := termReport("eu", "a1", t0+dt, keyAcme)
+				rep.Term, rep.Epoch = tc.term, tc.epoch
+				tm.Report(rep, 0, t0+dt)
+			}
+			tb := tm.Tick(t0 + dt)
+			err := tm.Deposed()
+			switch {
+			case tc.want == 0 && err != nil:
+				t.Fatalf("deposed by its own table: %v", err)
+			case tc.want == 0:
+				return
+			case !errors.Is(err, ErrDeposed):
+				t.Fatalf("Deposed() = %v, want ErrDeposed", err)
+			case tb != nil:
+				t.Errorf("the deposing tick returned table %d/%d to store", tb.Term, tb.Epoch)
+			case tm.Outranked() != tc.want:
+				t.Errorf("Outranked() = %d, want %d", tm.Outranked(), tc.want)
+			}
+			if tb := tm.Tick(t0 + 2*dt); tb != nil {
+				t.Errorf("a deposed term returned table %d/%d", tb.Term, tb.Epoch)
+			}
+		})
+	}
+}

@@ -135,7 +135,12 @@
 //     an unstored one. A store error leaves the table to retry; one
 //     wrapping ErrFenced (the head moved) makes the shell read the head and
 //     ask Fenced, and only a verified table of a later term (another
-//     coordinator) ends the term (ErrDeposed). A head no coordinator wrote —
+//     coordinator) ends the term (ErrDeposed), as does a report or an
+//     acknowledgement naming a table above everything the term made
+//     (Deposed, Outranked: the shell stands again with its term floor at
+//     least that table's term — a candidate restarted cold while the
+//     bucket was lost wins term 1 in the recreated bucket, below the
+//     tables the others run). A head no coordinator wrote —
 //     forged, unverifiable, garbage, a replayed older table — is counted
 //     and stored over: it neither deposes the term nor resets shares.
 //   - Reports wait for the next Tick in a bounded queue (Queue × regions;
