@@ -64,6 +64,7 @@ type Coordinator struct {
 	above        [2]uint64 // the newest (term, epoch) an agent named that this coordinator never made
 	learnEpoch   uint64    // the first republished table: acks at or after it end learning
 	learnWaitFor map[agentKey]bool
+	firstTerm    bool // a first term with no stored table (see everyRegionAcked)
 
 	transition bool // a decrease is out; the increase waits
 	decEpoch   uint64
@@ -371,6 +372,26 @@ func (c *Coordinator) Regions() []string { return slices.Clone(c.regions) }
 // Term returns the coordinator's term.
 func (c *Coordinator) Term() uint64 { return c.term }
 
+// everyRegionAcked reports whether every region has a member that has
+// this term's tables in force. A first term with no stored table learns
+// until then (or one lease plus MaxSkew): a region with no member it can
+// hear may hold agents on an older term's tables that it cannot see —
+// a partition hides them — and only their acknowledgement or the lease
+// proves them gone (explorer schedule 81950 of seed 1: a cold candidate
+// alone on its side of a partition heard only itself and took 93 % of a
+// key while the other side ran term 2's tables). A new cluster's regions
+// are covered as soon as memberlist lists an agent in each and it
+// acknowledges.
+func (c *Coordinator) everyRegionAcked() bool {
+	covered := make([]bool, c.nR)
+	for k := range c.members {
+		if c.acked(k, c.term, c.learnEpoch) {
+			covered[c.ridx[k.region]] = true
+		}
+	}
+	return !slices.Contains(covered, false)
+}
+
 // Outranked returns the newest table (term, epoch) a report or an
 // acknowledgement named that is above everything this coordinator made
 // (term 0: none). An agent on it refuses this coordinator's tables as
@@ -483,6 +504,7 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 	}
 	c.learnUntil = now + int64(c.cfg.Lease/time.Microsecond) + int64(c.cfg.MaxSkew/time.Microsecond)
 	c.learnWaitFor = map[agentKey]bool{}
+	c.firstTerm = fresh
 	if fresh {
 		for k := range c.members {
 			c.learnWaitFor[k] = true
@@ -771,6 +793,9 @@ func (c *Coordinator) Tick(now int64) {
 					done = false
 					break
 				}
+			}
+			if done && c.firstTerm {
+				done = c.everyRegionAcked()
 			}
 		}
 		if done {

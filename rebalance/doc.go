@@ -221,7 +221,9 @@
 // term and stands again above it).
 //
 // The first term with no stored table learns too, until every member has
-// acknowledged its first table or one lease plus MaxSkew has passed: it
+// acknowledged its first table — or, when some region has no member it
+// can hear (a partition may hide agents on older tables there), until one
+// lease plus MaxSkew has passed: it
 // is a new cluster's (whose agents acknowledge at once) or a candidate's
 // restarted cold while the bucket was lost, whose election in the
 // recreated bucket restarts at term 1 below the tables the other agents

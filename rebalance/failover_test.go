@@ -424,14 +424,22 @@ func TestFirstTermLearnsUntilMembersAcknowledge(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		acks  bool  // the members apply the first table (a new cluster)
+		alone bool  // b is partitioned away: no member there, no report
 		until int64 // no share above the floor before this
 	}{
-		{"a new cluster", true, 0},
-		{"others hold a later table", false, lease + skew},
+		{"a new cluster", true, false, 0},
+		{"others hold a later table", false, false, lease + skew},
+		// Fails on 63e82d7: a1 acknowledged at once and a's share rose
+		// at 1.1 s (explorer schedule 81950 of seed 1: Σ 1,212,828 ppm).
+		{"a region with no member", true, true, lease + skew},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := mustCoordinator(t, cfg, budget("k"))
-			if err := c.MemberChange([]Member{{"a", "a1"}, {"b", "b1"}}); err != nil {
+			members := []Member{{"a", "a1"}, {"b", "b1"}}
+			if tc.alone {
+				members = members[:1]
+			}
+			if err := c.MemberChange(members); err != nil {
 				t.Fatal(err)
 			}
 			if err := c.StartTerm(1, nil, 0); err != nil {
@@ -443,6 +451,9 @@ func TestFirstTermLearnsUntilMembersAcknowledge(t *testing.T) {
 				if now%sec == 0 {
 					i := now/sec - 1
 					for _, ag := range [][2]string{{"a", "a1"}, {"b", "b1"}} {
+						if tc.alone && ag[0] == "b" {
+							continue
+						}
 						r := &Report{Region: ag[0], Agent: ag[1], Interval: i, Term: 1, Epoch: 40, // a table this term never made
 							Keys: []KeyDemand{{Key: "k", Demand: Demand{Offered: 900, OfferedCost: 900}}}}
 						if tc.acks {
@@ -467,8 +478,8 @@ func TestFirstTermLearnsUntilMembersAcknowledge(t *testing.T) {
 			case raised < 0:
 				t.Fatal("a never got more than its floor")
 			case raised < tc.until:
-				t.Errorf("a's share raised at %dµs, before %dµs: the members had not acknowledged the first table", raised, tc.until)
-			case tc.acks && raised > 2*sec:
+				t.Errorf("a's share raised at %dµs, before %dµs: older tables may still be in force", raised, tc.until)
+			case tc.acks && !tc.alone && raised > 2*sec:
 				t.Errorf("a new cluster's first raise at %dµs, want within two intervals", raised)
 			}
 			t.Logf("first raise at %dµs", raised)
