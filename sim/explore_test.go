@@ -46,10 +46,12 @@ var knownFailures = []struct {
 	// cannot simply keep the stored TAT (that breaks the exactness
 	// property and the mixed-fleet upgrade test); the slots themselves,
 	// or what a reduced agent writes, need a region-wide rule.
-	// Seen with reserving clients only: a sibling's booked slots lie
-	// ahead of its state's TAT, and the conversion through a slow
-	// previous limit (a lapsed agent's safe share) lands before them (the
-	// analysis is in issue 17's notes, stop 27). Schedule 4 (an agent
+	// With reserving clients, a sibling's booked slots lie ahead of its
+	// state's TAT and the conversion through a slow previous limit (a
+	// lapsed agent's safe share) lands before them (the analysis is in
+	// issue 17's notes, stop 27); without them, a burst that mixes both
+	// slots on one state (region's doc) — a false suspicion is enough
+	// since tables name only members. Schedule 4 (an agent
 	// partitioned beyond its lease) found it until a new cluster's first
 	// term learned until its members acknowledged; these find it now.
 	{"safety: a restarted agent's epoch slot diverges from its siblings' on the same store (an agent crashed)",
