@@ -249,11 +249,11 @@
 // stored head may be older than a table an agent holds (a replayed head,
 // a lost write); the limits do not change, so the stores convert exactly.
 // (Tag arithmetic compares store epochs within 2³⁹, about 32 terms: a
-// state left unrested across 32 failovers may be read as newer.) And a row an agent
-// reduced twice under one version (two lapses) is restored only by a new
-// version: after an agent was silent for a lease less Δ, or when a term
-// starts from a table whose lease has passed, the next table gives every
-// row a new version.
+// state left unrested across 32 failovers may be read as newer.) And a
+// row an agent reduced twice under one version (two lapses) is restored
+// only by a new version: after an agent was silent for a lease less Δ, or
+// when a term starts from a table whose lease has passed, the next table
+// gives every row a new version.
 //
 // A key whose budget changes (SetBudgets, or a term that starts from a
 // table stored under another budget) gets a new version and bursts split

@@ -16,9 +16,9 @@ func (c *Coordinator) rebalance(now int64) {
 	skew := int64(c.cfg.MaxSkew / time.Microsecond)
 	// A region is alive when it has a member (or an agent a table still
 	// names) with a fresh report; with no membership given, any agent with
-	// a fresh report. An agent
-	// whose report went stale is remembered while it is a member or a table
-	// still names it (its lease plus skew): its last known demand still
+	// a fresh report. An agent whose report went stale is remembered while
+	// it is a member or a table still names it (its lease plus skew): its
+	// last known demand still
 	// counts, never as zero, and its region keeps its last share — the
 	// agent may still run it. Past that, it is forgotten; so is an agent
 	// that only ever acknowledged, once it is no member, no table names it
