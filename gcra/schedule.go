@@ -37,6 +37,9 @@ type Schedule struct {
 	Current     Version
 	Previous    Version
 	HasPrevious bool
+	// Fence is the table the schedule comes from, for a store that keeps
+	// a region fence (see Fence); zero: unfenced.
+	Fence Fence
 }
 
 // Steady is a schedule with one limit that has always been in force

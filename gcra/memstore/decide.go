@@ -18,7 +18,7 @@ func (s *Store) DecideAt(h Handle, now int64, sch *gcra.Schedule, cost int64) (g
 	if err != nil {
 		return gcra.Result{}, err
 	}
-	if err := checkSchedule(sch); err != nil {
+	if err := s.checkSchedule(sch); err != nil {
 		return gcra.Result{}, err
 	}
 	if cost < 0 {
@@ -53,7 +53,7 @@ func (b *binding) Decide(ctx context.Context, sch *gcra.Schedule, cost int64) (g
 	if err := ctx.Err(); err != nil {
 		return gcra.Result{}, err
 	}
-	if err := checkSchedule(sch); err != nil {
+	if err := b.s.checkSchedule(sch); err != nil {
 		return gcra.Result{}, err
 	}
 	if cost < 0 {
@@ -71,7 +71,7 @@ func (s *Store) ReserveAt(h Handle, now int64, sch *gcra.Schedule, cost, maxWait
 	if err != nil {
 		return gcra.Result{}, err
 	}
-	if err := checkReserve(sch, cost, maxWaitMicros); err != nil {
+	if err := s.checkReserve(sch, cost, maxWaitMicros); err != nil {
 		return gcra.Result{}, err
 	}
 	sh.mu.Lock()
@@ -105,7 +105,7 @@ func (s *Store) Decide(ctx context.Context, k gcra.Key, sch gcra.Schedule, cost 
 	if err := k.Validate(); err != nil {
 		return gcra.Result{}, wrap(err)
 	}
-	if err := checkSchedule(&sch); err != nil {
+	if err := s.checkSchedule(&sch); err != nil {
 		return gcra.Result{}, err
 	}
 	if cost < 0 {
@@ -146,7 +146,7 @@ func (s *Store) Reserve(ctx context.Context, k gcra.Key, sch gcra.Schedule, cost
 	if err != nil {
 		return gcra.Result{}, wrap(err)
 	}
-	if err := checkReserve(&sch, cost, wait); err != nil {
+	if err := s.checkReserve(&sch, cost, wait); err != nil {
 		return gcra.Result{}, err
 	}
 	sh := s.shardFor(k)
@@ -180,8 +180,8 @@ func (s *Store) DecideAll(ctx context.Context, checks []gcra.Check, out []gcra.R
 	return s.decideAll(0, true, nil, checks, out)
 }
 
-func checkReserve(sch *gcra.Schedule, cost, maxWait int64) error {
-	if err := checkSchedule(sch); err != nil {
+func (s *Store) checkReserve(sch *gcra.Schedule, cost, maxWait int64) error {
+	if err := s.checkSchedule(sch); err != nil {
 		return err
 	}
 	switch {
@@ -267,7 +267,7 @@ func (s *Store) decideAll(now int64, useClock bool, hs []Handle, checks []gcra.C
 // compose validates, locks, decides and unlocks a composite.
 func (s *Store) compose(c *composite, now int64, useClock bool, hs []Handle, checks []gcra.Check, out []gcra.Result) (gcra.Result, error) {
 	for i := range checks {
-		if err := checkSchedule(&checks[i].Schedule); err != nil {
+		if err := s.checkSchedule(&checks[i].Schedule); err != nil {
 			return gcra.Result{}, err
 		}
 		if checks[i].Cost < 0 {

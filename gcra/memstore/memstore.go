@@ -1,10 +1,13 @@
 package memstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"math"
+	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
@@ -84,7 +87,11 @@ type Store struct {
 	seed   maphash.Seed
 	mask   uint64
 	shards []shard
+	fence  atomic.Pointer[gcra.Fence] // the region fence; nil: none held
+	id     uint64                     // the store's identity for RaiseFence
 }
+
+var _ gcra.Fencer = (*Store)(nil)
 
 var _ gcra.Store = (*Store)(nil)
 
@@ -98,6 +105,7 @@ func New(cfg Config) (*Store, error) {
 		seed:   maphash.MakeSeed(),
 		mask:   uint64(cfg.Shards - 1),
 		shards: make([]shard, cfg.Shards),
+		id:     rand.Uint64() | 1,
 	}
 	for i := range s.shards {
 		s.shards[i] = shard{
@@ -209,15 +217,40 @@ func (s *Store) handleShard(h Handle) (*shard, error) {
 	return h.e.sh, nil
 }
 
-// checkSchedule is the cheap validation every decision runs.
-func checkSchedule(sch *gcra.Schedule) error {
+// checkSchedule is the cheap validation every decision runs, and the
+// region fence: a fenced schedule below the fence held, or with none held,
+// is refused (gcra.ErrFenced).
+func (s *Store) checkSchedule(sch *gcra.Schedule) error {
 	switch {
 	case sch == nil:
 		return errNilSchedule
 	case !sch.Valid():
 		return fmt.Errorf("memstore: %w", sch.Validate())
+	case !sch.Fence.IsZero():
+		if f := s.fence.Load(); f == nil || sch.Fence.Less(*f) {
+			return gcra.ErrFenced
+		}
 	}
 	return nil
+}
+
+// RaiseFence implements gcra.Fencer: the fence only rises, and the store's
+// identity is random per Store (a new Store — a restarted process — holds
+// no fence and has another).
+func (s *Store) RaiseFence(ctx context.Context, f gcra.Fence) (gcra.Fence, uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return gcra.Fence{}, 0, err
+	}
+	for {
+		old := s.fence.Load()
+		if old != nil && !old.Less(f) {
+			return *old, s.id, nil
+		}
+		nf := f
+		if s.fence.CompareAndSwap(old, &nf) {
+			return nf, s.id, nil
+		}
+	}
 }
 
 // wrap adds the package's context to an error from gcra.

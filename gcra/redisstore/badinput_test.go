@@ -345,7 +345,7 @@ func TestBatchShapes(t *testing.T) {
 	ctx := context.Background()
 	sch := gcra.Steady(gcra.PerSecond(5, 3))
 	key := s.RedisKey(gcra.Key{Tag: "t", Name: "k"})
-	good := appendSchedule(appendInt(appendInt(nil, 1), 1), &sch)
+	good := appendSchedule(appendInt(appendInt(nil, 1), 1), &sch, false)
 	good = appendInt(good, opWord(opDecide, 1, 1))
 	tests := []struct {
 		name  string

@@ -296,7 +296,7 @@ type scratch struct {
 	idx    []int
 	keys   []string
 	batch  []byte
-	args   [3]any
+	args   [4]any
 	vals   []int64
 }
 
@@ -311,7 +311,7 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 		// Drop references into the ops and the reply before pooling.
 		clear(sc.scheds)
 		clear(sc.keys)
-		sc.args = [3]any{}
+		sc.args = [4]any{}
 		scratchPool.Put(sc)
 	}()
 	nvals := 0
@@ -341,8 +341,16 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 	// The batch: one string of big-endian 64-bit integers (see gcra.lua).
 	b := appendInt(sc.batch[:0], int64(len(ops)))
 	b = appendInt(b, int64(len(scheds)))
+	fenced := false
 	for _, sch := range scheds {
-		b = appendSchedule(b, sch)
+		b = appendSchedule(b, sch, !s.cluster)
+		fenced = fenced || (!s.cluster && !sch.Fence.IsZero())
+	}
+	fence := ""
+	if fenced {
+		keys = append(keys, s.fenceKey)
+		sc.keys = keys
+		fence = "1"
 	}
 	for _, o := range ops {
 		if o.kind == opComposite {
@@ -361,7 +369,7 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 	sc.batch = b
 	// go-redis writes the arguments out before Run returns, so the batch
 	// buffer can be reused by the next call.
-	sc.args[0], sc.args[1], sc.args[2] = s.testNow, b, s.format
+	sc.args[0], sc.args[1], sc.args[2], sc.args[3] = s.testNow, b, s.format, fence
 	reply, err := s.script.Run(ctx, s.c, keys, sc.args[:]...).Result()
 	var vals []int64
 	if err == nil {

@@ -12,8 +12,9 @@
 -- ARGV[2]  the batch: a sequence of big-endian signed 64-bit integers
 --   (8 bytes each, read with struct.unpack '>i8'):
 --   number of ops, number of distinct schedules L, then L schedules:
---     cur T, cur Burst, cur tag, cur effective, hasPrev (0|1),
---     and if hasPrev: prev T, prev Burst, prev tag, prev effective
+--     cur T, cur Burst, cur tag, cur effective, flags (1 hasPrev +
+--     2 fenced), and if hasPrev: prev T, prev Burst, prev tag, prev
+--     effective, and if fenced: the fence's term and epoch
 --   (tags are gcra.EpochTag's 40 bits), then per op one word
 --   w = (index·4 + kind)·2^40 + cost, where kind is
 --   1 decide and 2 reserve (one check: the schedule index, 1-based, and the
@@ -25,12 +26,16 @@
 -- ARGV[3]  the format to write: '' the exact Value (gcra.EncodeValue: 7
 --   bytes of TAT and 5 of tag, big-endian), '1' the packed integer of older
 --   releases (gcra.PackV1), for a rolling upgrade. Both are always read.
+-- ARGV[4]  '1' when the last KEY is the region fence (gcra.Fence: 16 bytes,
+--   term and epoch big-endian); a fenced check whose fence is below it, or
+--   any fenced check while it is missing, is refused with code 5.
 -- Reply: one bulk string of big-endian signed 64-bit integers (struct.pack
 -- '>i8'), per check: code + 8·version, remaining, retry-after µs (-1 =
 -- never), reset-after µs, and for a reservation also wait µs.
 --   code: 0 denied, 1 allowed, 2 too large, 3 this check's stored state is
 --   malformed, 4 not decided because another check of the composite is
---   malformed (with 3 or 4 the op decides and writes nothing).
+--   malformed or fenced, 5 fenced (with 3, 4 or 5 the op decides and
+--   writes nothing).
 --   version: 0 the current limit decided, 1 the previous one.
 -- A batch whose length is not a multiple of 8 is refused before anything
 -- is read or written; one that ends early fails in struct.unpack ("data
@@ -161,18 +166,39 @@ local no = 0       -- values in out
 
 local nops = int()
 
--- The batch's distinct schedules, parsed once into one flat table, nine
--- fields each: cur T, B, tag, effective, hasPrev, prev T, B, tag, effective.
+-- The batch's distinct schedules, parsed once into one flat table, eleven
+-- fields each: cur T, B, tag, effective, hasPrev, prev T, B, tag,
+-- effective, fence term, fence epoch (nil: unfenced).
 local S = {}
 for i = 0, int() - 1 do
-  local b = i * 9
-  local hasP
-  S[b + 1], S[b + 2], S[b + 3], S[b + 4], hasP, off = struct.unpack('>i8i8i8i8i8', P, off)
-  hasP = hasP == 1
+  local b = i * 11
+  local flags
+  S[b + 1], S[b + 2], S[b + 3], S[b + 4], flags, off = struct.unpack('>i8i8i8i8i8', P, off)
+  local hasP = flags % 2 == 1
   S[b + 5] = hasP
   if hasP then
     S[b + 6], S[b + 7], S[b + 8], S[b + 9], off = struct.unpack('>i8i8i8i8', P, off)
   end
+  if flags >= 2 then
+    S[b + 10], S[b + 11], off = struct.unpack('>i8i8', P, off)
+  end
+end
+
+-- The region fence (gcra.Fence), read once, on the first fenced check:
+-- KEYS[#KEYS] when ARGV[4] is '1'. FT is false when none is held (or the
+-- key holds something else): then no fenced check is decided.
+local FT, FE
+local function fenceok(t, e)
+  if FT == nil then
+    FT = false
+    if ARGV[4] == '1' then
+      local ok, v = pcall(redis.call, 'GET', KEYS[#KEYS])
+      if ok and type(v) == 'string' and #v == 16 then
+        FT, FE = struct.unpack('>i8i8', v)
+      end
+    end
+  end
+  return FT and (t > FT or (t == FT and e >= FE))
 end
 
 -- readstate reads a key's state: ok, exists, tat, tag. A key of another
@@ -230,7 +256,8 @@ end
 local function loadcheck(i, n)
   local key = KEYS[kpos]
   kpos = kpos + 1
-  local b = (i - 1) * 9
+  local b = (i - 1) * 11
+  if S[b + 10] and not fenceok(S[b + 10], S[b + 11]) then return false, 5 end
   local cT, cB, cTag, cEff = S[b + 1], S[b + 2], S[b + 3], S[b + 4]
   local ok, exists, tat, stag = readstate(key, cTag, S[b + 5], S[b + 8], cEff)
   if not ok then return false end
@@ -302,7 +329,7 @@ for _ = 1, nops do
     end
     local ok, key, n, T, B, tag, ver, tat, exists, stag, cT, cB, cEff = loadcheck(idx, n)
     if not ok then
-      emit(3, 0, 0, 0)
+      emit(key or 3, 0, 0, 0)
       if maxWait >= 0 then no = no + 1; out[no] = 0 end
     else
       local code, rem, retry, reset, wait, nxt = step(T, B, tat, n, maxWait)
@@ -321,7 +348,7 @@ for _ = 1, nops do
     end
     if bad then
       for i = 1, k do
-        if cks[i][1] then emit(4, 0, 0, 0) else emit(3, 0, 0, 0) end
+        if cks[i][1] then emit(4, 0, 0, 0) else emit(cks[i][2] or 3, 0, 0, 0) end
       end
     else
       local all = true

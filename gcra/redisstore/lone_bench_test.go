@@ -34,7 +34,7 @@ func BenchmarkLoneCaller(b *testing.B) {
 		i := 0
 		for b.Loop() {
 			k := s.RedisKey(key(i))
-			batch := appendSchedule(appendInt(appendInt(nil, 1), 1), &sch)
+			batch := appendSchedule(appendInt(appendInt(nil, 1), 1), &sch, false)
 			batch = appendInt(batch, opWord(opDecide, 1, 1))
 			v, err := script.Run(ctx, s.c, []string{k}, "", batch).Result()
 			if err != nil {

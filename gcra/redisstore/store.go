@@ -193,6 +193,9 @@ type Store struct {
 	script  *redis.Script
 	markers stateMarkers          // CheckState's
 	uc      redis.UniversalClient // CheckState's SET NX and CLUSTER SLOTS
+	// fenceKey is the region fence's key (fence.go): the prefix and a
+	// name with no '{', so no key RedisKey makes can be it.
+	fenceKey string
 }
 
 var _ gcra.Store = (*Store)(nil)
@@ -211,7 +214,8 @@ func New(c redis.UniversalClient, cfg Config) (*Store, error) {
 		return nil, errors.New("redisstore: redis.Ring is not supported (use a single node, Sentinel or Cluster client)")
 	}
 	_, cluster := c.(*redis.ClusterClient)
-	s := &Store{c: c, uc: c, cfg: cfg, cluster: cluster, sem: make(chan struct{}, cfg.MaxInFlight), script: script}
+	s := &Store{c: c, uc: c, cfg: cfg, cluster: cluster, sem: make(chan struct{}, cfg.MaxInFlight), script: script,
+		fenceKey: cfg.Prefix + "meridian-fence"}
 	if cfg.WriteFormat == FormatPacked {
 		s.format = "1"
 	}
@@ -360,22 +364,36 @@ func appendInt(b []byte, v int64) []byte {
 }
 
 // appendSchedule appends one schedule to a batch: cur T, Burst, tag,
-// effective, hasPrev (0|1), and if hasPrev the previous limit's four.
-func appendSchedule(b []byte, sch *gcra.Schedule) []byte {
+// effective, flags (1 hasPrev, 2 fenced), and if hasPrev the previous
+// limit's four, and if fenced (and fence is set: a Cluster keeps no
+// fence) the fence's term and epoch.
+func appendSchedule(b []byte, sch *gcra.Schedule, fence bool) []byte {
 	cur := &sch.Current
 	b = appendInt(b, cur.Limit.IntervalMicros())
 	b = appendInt(b, cur.Limit.Burst())
 	b = appendInt(b, int64(gcra.EpochTag(cur.Epoch)))
 	b = appendInt(b, cur.Effective)
-	if !sch.HasPrevious {
-		return appendInt(b, 0)
+	fenced := fence && !sch.Fence.IsZero()
+	flags := int64(0)
+	if sch.HasPrevious {
+		flags |= 1
 	}
-	p := &sch.Previous
-	b = appendInt(b, 1)
-	b = appendInt(b, p.Limit.IntervalMicros())
-	b = appendInt(b, p.Limit.Burst())
-	b = appendInt(b, int64(gcra.EpochTag(p.Epoch)))
-	return appendInt(b, p.Effective)
+	if fenced {
+		flags |= 2
+	}
+	b = appendInt(b, flags)
+	if sch.HasPrevious {
+		p := &sch.Previous
+		b = appendInt(b, p.Limit.IntervalMicros())
+		b = appendInt(b, p.Limit.Burst())
+		b = appendInt(b, int64(gcra.EpochTag(p.Epoch)))
+		b = appendInt(b, p.Effective)
+	}
+	if fenced {
+		b = appendInt(b, int64(sch.Fence.Term))
+		b = appendInt(b, int64(sch.Fence.Epoch))
+	}
+	return b
 }
 
 // replyWidth is how many integers the script returns for one check of an
@@ -411,6 +429,8 @@ func decode(v []int64, c *gcra.Check) (gcra.Result, error) {
 		return gcra.Result{}, fmt.Errorf("%w (key %q)", ErrMalformedState, c.Key.Name)
 	case 4:
 		return gcra.Result{}, errNotDecided
+	case 5:
+		return gcra.Result{}, gcra.ErrFenced
 	default:
 		return r, fmt.Errorf("%w: code %d", ErrReply, v[0])
 	}
