@@ -303,7 +303,7 @@ func TestReplyShapes(t *testing.T) {
 		give   []int64
 		wantIs error
 	}{
-		{"unknown code", []int64{5, 0, 0, 0, 0}, ErrReply},
+		{"unknown code", []int64{6, 0, 0, 0, 0}, ErrReply},
 		{"huge code", []int64{1 << 40, 0, 0, 0, 0}, ErrReply},
 		{"negative code", []int64{-1, 0, 0, 0, 0}, ErrReply},
 		{"bad version", []int64{1 + 8*2, 0, 0, 0, 0}, ErrReply},
@@ -316,6 +316,7 @@ func TestReplyShapes(t *testing.T) {
 		{"negative wait", []int64{1, 0, 0, 0, -1}, ErrReply},
 		{"malformed state", []int64{3, 0, 0, 0, 0}, ErrMalformedState},
 		{"not decided (a composite partner is malformed)", []int64{4, 0, 0, 0, 0}, errNotDecided},
+		{"fenced", []int64{5, 0, 0, 0, 0}, gcra.ErrFenced},
 	}
 	for _, tt := range decodeTests {
 		t.Run("decode "+tt.name, func(t *testing.T) {
