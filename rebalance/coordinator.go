@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/meridian-quota/meridian/gcra"
 )
 
 // Coordinator is the pure coordinator core, in the style of etcd/raft's
@@ -114,6 +116,10 @@ type agentState struct {
 	vals     []float64 // per entry of keys: offered cost in the interval
 	term     uint64
 	epoch    uint64 // acknowledged in force
+	// fence and store: the region fence its latest acknowledgement read
+	// back from its store, and the store's identity (0: it keeps no fence).
+	fence gcra.Fence
+	store uint64
 }
 
 type scratch struct {
@@ -624,6 +630,14 @@ func (c *Coordinator) MemberChange(members []Member) error {
 
 // Ack records that an agent has the table (term, epoch) in force.
 func (c *Coordinator) Ack(region, agent string, term, epoch uint64) error {
+	return c.AckFenced(region, agent, term, epoch, gcra.Fence{}, 0)
+}
+
+// AckFenced is Ack carrying the region fence the agent's store held after
+// the agent raised it (read back) and the store's identity (gcra.Fencer; 0:
+// it keeps no fence). One such acknowledgement from a member can prove a
+// decrease in force for its whole region (see fencedFor).
+func (c *Coordinator) AckFenced(region, agent string, term, epoch uint64, fence gcra.Fence, store uint64) error {
 	if _, ok := c.ridx[region]; !ok {
 		return fmt.Errorf("rebalance: ack from %q in %q: %w", agent, region, ErrUnknownRegion)
 	}
@@ -636,7 +650,55 @@ func (c *Coordinator) Ack(region, agent string, term, epoch uint64) error {
 	}
 	a.heard = max(a.heard, c.now)
 	c.holds(a, term, epoch)
+	if store != a.store || a.fence.Less(fence) {
+		// Another store (a restart or failover changes its identity) holds
+		// only what it read back; the same store's fence never goes down.
+		a.fence, a.store = fence, store
+	}
 	return nil
+}
+
+// fencedAgent reports whether agent k's region is fenced at (this term,
+// epoch) (fencedFor): then what k may still run of an older table is
+// refused by the region's store.
+func (c *Coordinator) fencedAgent(k agentKey, epoch uint64) bool {
+	ri, ok := c.ridx[k.region]
+	return ok && c.fencedFor(ri, c.term, epoch)
+}
+
+// fencedFor reports whether region ri's store is proven to refuse every
+// decision made under a table before (term, epoch) while that table is in
+// force in the region (issue 17, defect 5; the doc's invariant 1): a
+// trusted agent of ri — a member, or with no membership given one a table
+// names — has that table (or a later one) in force and acknowledged a
+// region fence at least (term, epoch) on store S, and every agent of ri
+// this coordinator keeps that is a member or a table named acknowledged
+// on S: one on another store, or of a release that keeps no fence, would
+// decide unfenced. An agent of ri it has never heard from (the crashed
+// coordinator's own, named by the stored table) is taken to decide on the
+// region's one store — a region whose agents use two stores admits each
+// share twice whatever the tables say.
+func (c *Coordinator) fencedFor(ri int, term, epoch uint64) bool {
+	want := gcra.Fence{Term: term, Epoch: epoch}
+	var store uint64
+	proof := false
+	for k, a := range c.agents {
+		if c.ridx[k.region] != ri {
+			continue
+		}
+		trusted := c.members[k] || (c.members == nil && c.namedUntil[k] > c.now)
+		if !trusted && c.namedUntil[k] <= c.now && c.exposed[k] <= c.now {
+			continue
+		}
+		if a.store == 0 || (store != 0 && a.store != store) {
+			return false
+		}
+		store = a.store
+		if trusted && !a.fence.Less(want) && c.acked(k, term, epoch) {
+			proof = true
+		}
+	}
+	return proof
 }
 
 // holds records that agent a has table (term, epoch) in force — unless
@@ -789,7 +851,7 @@ func (c *Coordinator) Tick(now int64) {
 		if !done && !c.blind {
 			done = true
 			for k := range c.learnWaitFor {
-				if !c.acked(k, c.term, c.learnEpoch) {
+				if !c.acked(k, c.term, c.learnEpoch) && !c.fencedAgent(k, c.learnEpoch) {
 					done = false
 					break
 				}
@@ -872,7 +934,7 @@ func (c *Coordinator) decreaseInForce(now int64) bool {
 		return false
 	}
 	for k, until := range c.waitFor {
-		if now < until && !c.acked(k, c.term, c.decEpoch) {
+		if now < until && !c.acked(k, c.term, c.decEpoch) && !c.fencedAgent(k, c.decEpoch) {
 			return false
 		}
 	}

@@ -157,8 +157,9 @@
 // changes below the hysteresis. Shares change break before make: a table
 // with every share that falls (and none that rises) goes out at once; the
 // table with the rises follows only when every agent that may run a
-// region's old share has acknowledged the decrease in force, or that
-// region's lease plus MaxSkew has passed, and it takes effect at least
+// region's old share has acknowledged the decrease in force, or one
+// fenced acknowledgement proves the region runs it (Region fences, below),
+// or that region's lease plus MaxSkew has passed, and it takes effect at least
 // Fence after the decrease. The agents that may run a region's old share
 // are those the previous table named and those an earlier table named, each
 // until the lease of its region in the last table naming it plus MaxSkew
@@ -195,10 +196,65 @@
 // ahead of the coordinator and the one that decreases MaxSkew behind
 // (Config.Validate refuses both).
 //
+// # Region fences: one acknowledgement per region (invariant 1, new form)
+//
+// Issue 17, defect 5: a decrease used to wait for every agent that may run
+// the region's old share — including one whose process had crashed with
+// the old coordinator, for a whole lease. Agents of a region decide on the
+// region's one store, so the store can enforce the break itself: each
+// agent, as it applies a table that names it, raises the store's region
+// fence to the table's (term, epoch) (gcra.Fencer: it only rises), and
+// every decision made under a table's share carries that table as its
+// fence (gcra.Schedule.Fence); the store refuses a decision whose fence is
+// below the one it holds (gcra.ErrFenced). A region is then proven to run
+// a table (term, epoch) or a later one (fencedFor) once a member of it
+// acknowledges that table in force with a fence at least (term, epoch),
+// read back from store S (AckFenced), and every agent of the region this
+// coordinator keeps — members and agents a table named — acknowledged on
+// S. Such a region's agents need no more waiting, in learning mode or for
+// a decrease: an agent still on an older table, crashed or partitioned
+// from NATS, has every such decision refused. Invariant 1 then reads: an
+// increase waits until each decreasing region has every agent that may
+// run its old share acknowledge the decrease in force, or one fenced
+// acknowledgement proving it, or its previous lease plus MaxSkew has
+// passed; it still takes effect Fence after. A silent region — no member
+// to acknowledge or raise its fence — still waits for its lease. This
+// holds only because all of these hold, and each is where it is kept:
+//
+//   - A fence refusal is not a store failure: the node decides the key again
+//     at min(share in force, safe share), unfenced and at every instant of
+//     the store's clock — never by a failure mode, never at the table's
+//     share (region.Config.Fence; the error says StoreHealthy, so no
+//     breaker counts it).
+//   - Tokens prefetched into a local lease live at most the rule's lease
+//     TTL and a reservation acts at most its max-wait after booking; both
+//     are at most Fence (the agent checks), which the increase waits after
+//     the proof; a take or booking the fence refuses is made at the reduced
+//     limit and keeps no lease.
+//   - The acknowledgement carries the fence as read back and the store's
+//     identity — a hash of the server's run_id and the key prefix, so a
+//     restart or failover changes it — and counts only if every agent the
+//     region has acknowledged from decides on that store. An agent this
+//     coordinator never heard from (the crashed coordinator's own) is taken
+//     to decide on the region's one store: a region whose agents use two
+//     stores admits each share twice whatever the tables say.
+//   - A Redis Cluster has no one key every slot's script reads, so a
+//     Cluster store keeps no fence: its agents acknowledge with identity 0,
+//     prove nothing, and their regions wait for leases as before.
+//   - A missing fence (a restart, a failover to a replica without it, an
+//     eviction) refuses every fenced decision: the region runs safe shares
+//     until an agent applies its next table and raises the fence again.
+//   - The fence write is confirmed on every connected replica (WAIT) before
+//     the acknowledgement that carries it; unconfirmed, the agent reports
+//     no new fence.
+//   - An acknowledgement from an agent membership does not list proves
+//     nothing; the increase still waits Fence after the decrease is in force.
+//
 // A coordinator acts under a term, the fencing number its election gives.
 // StartTerm hands it the newest stored table: it republishes those shares
 // under the new term (learning mode) until every agent that table named has
-// acknowledged, or one lease plus MaxSkew has passed, and only then
+// acknowledged (or its region is proven by a fenced acknowledgement), or
+// one lease plus MaxSkew has passed, and only then
 // rebalances — a failover never resets shares. A region whose lease in the
 // stored table has passed is the exception: its agents may have lapsed, and
 // a table the term cannot see (stored after that one and then overwritten,
