@@ -9,10 +9,12 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gossip/protocol"
 	"github.com/meridian-quota/meridian/gossip/wire"
 	"github.com/meridian-quota/meridian/rebalance"
@@ -170,6 +172,7 @@ func NewPorts(tr *Transport, mem *Members) Ports {
 // Report, InForce, Tables, Applied, Flush and Status form region/agent's
 // Control interface; they are safe for concurrent use and never block.
 type Loop struct {
+	fence atomic.Pointer[fenceHeld] // SetFence's
 	cfg   LoopConfig
 	bus   protocol.Bus
 	store protocol.TableStore
@@ -247,9 +250,28 @@ func (l *Loop) Report(rep *rebalance.Report) {
 	l.enqueue(protocol.KindReport, func(b *protocol.Outbox) bool { return b.Report(rep) })
 }
 
-// InForce queues an acknowledgement of the table in force (none for 0, 0).
+// InForce queues an acknowledgement of the table in force (none for 0, 0),
+// carrying the region fence SetFence gave last.
 func (l *Loop) InForce(term, epoch uint64) {
-	l.enqueue(protocol.KindAck, func(b *protocol.Outbox) bool { return b.Ack(term, epoch) })
+	f := l.fence.Load()
+	if f == nil {
+		f = &fenceHeld{}
+	}
+	l.enqueue(protocol.KindAck, func(b *protocol.Outbox) bool { return b.AckFenced(term, epoch, f.held, f.store) })
+}
+
+// fenceHeld is the region fence the agent's store held, and its identity.
+type fenceHeld struct {
+	held  gcra.Fence
+	store uint64
+}
+
+// SetFence records the region fence the agent's store held after the
+// agent raised it, read back, and the store's identity (gcra.Fencer): every
+// later acknowledgement carries them, so that the coordinator can count one
+// acknowledgement for the region (package rebalance, invariant 1).
+func (l *Loop) SetFence(held gcra.Fence, store uint64) {
+	l.fence.Store(&fenceHeld{held: held, store: store})
 }
 
 // enqueue offers a message to the outbox with push, counting it dropped
@@ -854,7 +876,7 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			}
 			l.m.msgs.WithLabelValues("ack", "in").Inc()
 			l.m.bytes.WithLabelValues("ack", "in").Add(float64(len(b)))
-			if err := tm.Ack(m.Ack.Region, m.Ack.Agent, m.Ack.Term, m.Ack.Epoch); err != nil {
+			if err := tm.AckFenced(m.Ack.Region, m.Ack.Agent, m.Ack.Term, m.Ack.Epoch, m.Ack.Fence, m.Ack.Store); err != nil {
 				l.invalid("ack", fmt.Errorf("%w: %w", wire.ErrInvalid, err))
 			}
 		case <-tick.C:

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/rebalance"
 	"github.com/meridian-quota/meridian/region"
 )
@@ -293,6 +294,12 @@ func (t *Term) Report(rep *rebalance.Report, sent, now int64) Arrival {
 // means the ack was ignored (an unknown region, no agent name).
 func (t *Term) Ack(region, agent string, term, epoch uint64) error {
 	return t.c.Ack(region, agent, term, epoch)
+}
+
+// AckFenced is Ack carrying the region fence the agent's store held and the
+// store's identity (rebalance.Coordinator.AckFenced).
+func (t *Term) AckFenced(region, agent string, term, epoch uint64, fence gcra.Fence, store uint64) error {
+	return t.c.AckFenced(region, agent, term, epoch, fence, store)
 }
 
 // Members tells the core the live agents (sorted, as Membership.Live lists

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gossip/wire"
 	"github.com/meridian-quota/meridian/rebalance"
 	"github.com/meridian-quota/meridian/region"
@@ -237,6 +238,10 @@ func Outcome(err error) string {
 type Out struct {
 	Report      *rebalance.Report
 	Term, Epoch uint64
+	// Fence and Store: the region fence the agent's store held and the
+	// store's identity, carried by an acknowledgement (wire.Ack).
+	Fence gcra.Fence
+	Store uint64
 }
 
 // Out kinds, as metrics label them.
@@ -260,7 +265,7 @@ func (o Out) Encode(cluster, regionName, agent string, sent int64, maxMessage in
 	if o.Report != nil {
 		return wire.EncodeReport(cluster, o.Report, sent, maxMessage)
 	}
-	b, err := wire.EncodeAck(cluster, wire.Ack{Region: regionName, Agent: agent, Term: o.Term, Epoch: o.Epoch, Sent: sent})
+	b, err := wire.EncodeAck(cluster, wire.Ack{Region: regionName, Agent: agent, Term: o.Term, Epoch: o.Epoch, Sent: sent, Fence: o.Fence, Store: o.Store})
 	if err != nil {
 		return nil, err
 	}
@@ -292,11 +297,15 @@ func (b *Outbox) Report(rep *rebalance.Report) bool { return b.push(Out{Report: 
 // Ack queues an acknowledgement of (term, epoch) in force; false when the
 // outbox is full and it was dropped. (0, 0) — no table in force — is never
 // acknowledged: Ack ignores it and returns true.
-func (b *Outbox) Ack(term, epoch uint64) bool {
+func (b *Outbox) Ack(term, epoch uint64) bool { return b.AckFenced(term, epoch, gcra.Fence{}, 0) }
+
+// AckFenced is Ack carrying the region fence the agent's store held and
+// the store's identity (see wire.Ack).
+func (b *Outbox) AckFenced(term, epoch uint64, fence gcra.Fence, store uint64) bool {
 	if term == 0 && epoch == 0 {
 		return true
 	}
-	return b.push(Out{Term: term, Epoch: epoch})
+	return b.push(Out{Term: term, Epoch: epoch, Fence: fence, Store: store})
 }
 
 func (b *Outbox) push(o Out) bool {

@@ -394,6 +394,12 @@ func decodeAck(body []byte, lim Limits) (*Ack, error) {
 			fr.why = seen.u64(f, &a.Epoch)
 		case fAckSent:
 			fr.why = seen.zigzag(f, &a.Sent)
+		case fAckFenceT:
+			fr.why = seen.u64(f, &a.Fence.Term)
+		case fAckFenceE:
+			fr.why = seen.u64(f, &a.Fence.Epoch)
+		case fAckStore:
+			fr.why = seen.u64(f, &a.Store)
 		}
 	}
 	if fr.why != "" {
@@ -405,6 +411,9 @@ func decodeAck(body []byte, lim Limits) (*Ack, error) {
 	}
 	if a.Agent, why = name(agent, lim.MaxName, false); why != "" {
 		return nil, invalidf("ack: agent: %s", why)
+	}
+	if a.Store == 0 && !a.Fence.IsZero() {
+		return nil, invalidf("ack: a fence (term %d, epoch %d) with no store identity", a.Fence.Term, a.Fence.Epoch)
 	}
 	return a, nil
 }

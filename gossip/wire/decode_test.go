@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gossip/wire"
 )
 
@@ -172,5 +173,31 @@ func TestDecodeAllocations(t *testing.T) {
 		if bound := uint64(16*len(tt.give) + 64<<10); got > bound {
 			t.Errorf("%s (%d bytes, %v): allocated %d bytes, above %d", tt.name, len(tt.give), err, got, bound)
 		}
+	}
+}
+
+// An acknowledgement's region fence round-trips, and one that claims a
+// fence without naming the store that holds it is refused: the
+// coordinator could not tell which store it proves anything about.
+func TestAckFence(t *testing.T) {
+	a := wire.Ack{Region: "eu", Agent: "eu-1", Term: 3, Epoch: 40, Fence: gcra.Fence{Term: 3, Epoch: 41}, Store: 0xfeed}
+	b, err := wire.EncodeAck(cluster, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) != wire.AckSize(cluster, a) {
+		t.Fatalf("AckSize %d, encoded %d bytes", wire.AckSize(cluster, a), len(b))
+	}
+	m, err := wire.Decode(cluster, b, wire.DefaultLimits(), nil)
+	if err != nil || *m.Ack != a {
+		t.Fatalf("decoded %+v, %v; want %+v", m.Ack, err, a)
+	}
+	a.Store = 0
+	if _, err := wire.EncodeAck(cluster, a); err == nil {
+		t.Fatal("EncodeAck took a fence with no store")
+	}
+	body := pb(nil).s(1, "eu").s(2, "eu-1").u(3, 3).u(4, 40).u(6, 3).u(7, 41)
+	if _, err := wire.Decode(cluster, envelope(cluster, wire.KindAck, body, nil), wire.DefaultLimits(), nil); !errors.Is(err, wire.ErrInvalid) || !strings.Contains(err.Error(), "no store identity") {
+		t.Fatalf("a fence with no store: %v, want ErrInvalid naming it", err)
 	}
 }

@@ -46,6 +46,9 @@ const (
 	fAckTerm   = 3
 	fAckEpoch  = 4
 	fAckSent   = 5
+	fAckFenceT = 6
+	fAckFenceE = 7
+	fAckStore  = 8
 
 	// Table
 	fTabTerm   = 1
@@ -308,7 +311,8 @@ func badDemand(k *rebalance.KeyDemand, maxKeyLen int) string {
 // --- acks ---
 
 func ackBody(a *Ack) int {
-	return sizeStr(a.Region) + sizeStr(a.Agent) + sizeU(a.Term) + sizeU(a.Epoch) + sizeS(a.Sent)
+	return sizeStr(a.Region) + sizeStr(a.Agent) + sizeU(a.Term) + sizeU(a.Epoch) + sizeS(a.Sent) +
+		sizeU(a.Fence.Term) + sizeU(a.Fence.Epoch) + sizeU(a.Store)
 }
 
 // AckSize returns the bytes EncodeAck produces for the same arguments.
@@ -320,6 +324,9 @@ func EncodeAck(cluster string, a Ack) ([]byte, error) {
 	if cluster == "" || a.Region == "" || a.Agent == "" {
 		return nil, fmt.Errorf("wire: encode ack: cluster %q region %q agent %q: names must not be empty", cluster, a.Region, a.Agent)
 	}
+	if a.Store == 0 && !a.Fence.IsZero() {
+		return nil, fmt.Errorf("wire: encode ack: a fence (term %d, epoch %d) needs the store identity that holds it", a.Fence.Term, a.Fence.Epoch)
+	}
 	body := ackBody(&a)
 	b := make([]byte, 0, envSize(envFixed(cluster, false), body))
 	b = appendEnvHead(b, cluster, KindAck, body)
@@ -328,6 +335,9 @@ func EncodeAck(cluster string, a Ack) ([]byte, error) {
 	b = appendU(b, fAckTerm, a.Term)
 	b = appendU(b, fAckEpoch, a.Epoch)
 	b = appendS(b, fAckSent, a.Sent)
+	b = appendU(b, fAckFenceT, a.Fence.Term)
+	b = appendU(b, fAckFenceE, a.Fence.Epoch)
+	b = appendU(b, fAckStore, a.Store)
 	return b, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 
+	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gossip/wire"
 )
 
@@ -176,11 +177,12 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 			[]any{w.Offered, w.OfferedCost, w.Admitted, w.Denied})
 	}
 
-	a := wire.Ack{Region: "eu", Agent: "a1", Term: 5, Epoch: 6, Sent: -1}
+	a := wire.Ack{Region: "eu", Agent: "a1", Term: 5, Epoch: 6, Sent: -1, Fence: gcra.Fence{Term: 5, Epoch: 7}, Store: 1 << 63}
 	b, _ := wire.EncodeAck(cluster, a)
 	ack := unmarshal(t, file, "Ack", get(unmarshal(t, file, "Envelope", b), "body").([]byte))
-	check("ack", []any{get(ack, "region"), get(ack, "agent"), get(ack, "term"), get(ack, "epoch"), get(ack, "sent")},
-		[]any{a.Region, a.Agent, a.Term, a.Epoch, a.Sent})
+	check("ack", []any{get(ack, "region"), get(ack, "agent"), get(ack, "term"), get(ack, "epoch"), get(ack, "sent"),
+		get(ack, "fence_term"), get(ack, "fence_epoch"), get(ack, "store")},
+		[]any{a.Region, a.Agent, a.Term, a.Epoch, a.Sent, a.Fence.Term, a.Fence.Epoch, a.Store})
 
 	tb := testTable(len(budgets), 8, "ap", "eu", "us")
 	tmsgs, _ := wire.EncodeTable(cluster, tb, testKey, wire.DefaultMaxMessage)

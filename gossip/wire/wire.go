@@ -143,11 +143,17 @@ type ReportChunk struct {
 }
 
 // Ack is an agent's acknowledgement that the table (Term, Epoch) is in
-// force there. Sent is the agent's store clock (µs) when sent.
+// force there. Sent is the agent's store clock (µs) when sent. Fence is the
+// region fence its store held, read back after the agent last raised it
+// (gcra.Fencer), and Store that store's identity; both zero when the agent
+// keeps no fence (a Redis Cluster, a release before fencing). A fence
+// without a store identity is refused.
 type Ack struct {
 	Region, Agent string
 	Term, Epoch   uint64
 	Sent          int64
+	Fence         gcra.Fence
+	Store         uint64
 }
 
 // TableChunk is part of one signed share table. Chunk 0 carries Header,
