@@ -831,6 +831,14 @@ func TestMetricsAlertExpressions(t *testing.T) {
   meridian_redis_state_lost_total{` + a("eu-1") + `} 0x30 1x30
   meridian_redis_state_lost_total{` + a("us-1") + `} 0x60`,
 			[]string{"instance"}, []string{"agent-eu-1:8080"}},
+		{"MeridianRegionFenceFailing", `
+  meridian_fence_raise_errors_total{` + a("eu-1") + `} 0+1x60
+  meridian_fence_raise_errors_total{` + a("us-1") + `} 0x60`,
+			[]string{"instance"}, []string{"agent-eu-1:8080"}},
+		{"MeridianAgentBehindRegionFence", `
+  meridian_fenced_total{` + a("eu-1") + `} 0x60
+  meridian_fenced_total{` + a("us-1") + `} 0+7x60`,
+			[]string{"instance"}, []string{"agent-us-1:8080"}},
 		{"MeridianInvalidClusterMessages", `
   meridian_cluster_invalid_messages_total{` + a("eu-1") + `, kind="table", reason="signature"} 0+1x60
   meridian_cluster_invalid_messages_total{` + a("eu-1") + `, kind="report", reason="malformed"} 0+1x60

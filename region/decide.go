@@ -318,7 +318,58 @@ func (n *Node) schedule(s *snapshot, rule *Rule, name string) gcra.Schedule {
 	if rule.Scope == Regional {
 		return gcra.Steady(rule.Limit)
 	}
-	return n.scheduleRow(rule, s.rows.get(name))
+	r := s.rows.get(name)
+	return n.withFence(s, rule, r, n.scheduleRow(rule, r))
+}
+
+// withFence is sch, a schedule of row r under snapshot s, carrying s's
+// table as the region fence when it runs that table's share (Config.Fence):
+// a named, live table's row, not reduced, for the rule's own budget.
+func (n *Node) withFence(s *snapshot, rule *Rule, r *row, sch gcra.Schedule) gcra.Schedule {
+	if n.cfg.Fence && r != nil && s.hasTable && s.named && !s.lapsed && r.sub%2 == 0 && r.budget == rule.Limit {
+		sch.Fence = gcra.Fence{Term: s.term, Epoch: s.epoch}
+	}
+	return sch
+}
+
+// unfenced is what a fenced schedule the store refused runs at instead
+// (Config.Fence): min(the limit in force at now, the safe limit, a pending
+// change's), in the reduced epoch slot of its version, in force at every
+// instant of the store's clock — the table's share never runs again under
+// it, whatever the store's clock says.
+func (n *Node) unfenced(rule *Rule, sch *gcra.Schedule, now int64) gcra.Schedule {
+	lim := minLimit(inForceAt(sch, now).Limit, SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions)))
+	if sch.Current.Effective > now {
+		lim = minLimit(lim, sch.Current.Limit)
+	}
+	return gcra.Schedule{Current: gcra.Version{Limit: lim, Epoch: sch.Current.Epoch | 1}}
+}
+
+// Unfenced is what a decision at now (µs on the node's clock) under sch —
+// a schedule this node gave rule (ScheduleAt) — runs at when the region's
+// store refuses sch's fence (Config.Fence): min(share in force, safe share),
+// unfenced. For checkers that compare what each agent enforces with the
+// store's fence; safe for many goroutines.
+func (n *Node) Unfenced(rule *Rule, sch gcra.Schedule, now int64) gcra.Schedule {
+	if sch.Fence.IsZero() {
+		return sch
+	}
+	return n.unfenced(rule, &sch, now)
+}
+
+// refence rewrites ms's fenced schedules unfenced after the store refused
+// them (gcra.ErrFenced), and reports whether it did.
+func (n *Node) refence(ms []Match, now int64, err error) bool {
+	if !errors.Is(err, gcra.ErrFenced) {
+		return false
+	}
+	n.fenced.Add(1)
+	for i := range ms {
+		if !ms[i].Schedule.Fence.IsZero() {
+			ms[i].Schedule = n.unfenced(ms[i].Rule, &ms[i].Schedule, now)
+		}
+	}
+	return true
 }
 
 // scheduleRow is the schedule of a global key whose table row is r (nil:
@@ -369,7 +420,7 @@ func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
 			n.denyHits.Add(1)
 		} else if len(ms) == 1 && n.leased(ctx, now, d, &ms[0]) {
 			// served from a lease, or a lease taken with it
-		} else if r, err := n.run(ctx, d, ms, 0); err != nil {
+		} else if r, err := n.run(ctx, now, d, ms, 0); err != nil {
 			n.storeErrors.Add(1)
 			n.fallback(now, d, err)
 		} else {
@@ -378,7 +429,7 @@ func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
 		}
 	}
 	if ms := d.Shadow(); len(ms) > 0 {
-		r, err := n.run(ctx, d, ms, d.enforced)
+		r, err := n.run(ctx, now, d, ms, d.enforced)
 		if err != nil {
 			n.storeErrors.Add(1) // shadow limits are not decided then
 		} else if !r.Allowed {
@@ -390,7 +441,16 @@ func (n *Node) Execute(ctx context.Context, now int64, d *Decision) {
 
 // run decides ms (d.Matches[off:off+len(ms)]) all or nothing in the store,
 // filling each match's Result.
-func (n *Node) run(ctx context.Context, d *Decision, ms []Match, off int) (gcra.Result, error) {
+func (n *Node) run(ctx context.Context, now int64, d *Decision, ms []Match, off int) (gcra.Result, error) {
+	r, err := n.run1(ctx, d, ms, off)
+	if err != nil && n.refence(ms, now, err) {
+		r, err = n.run1(ctx, d, ms, off)
+	}
+	return r, err
+}
+
+// run1 is one store call of run.
+func (n *Node) run1(ctx context.Context, d *Decision, ms []Match, off int) (gcra.Result, error) {
 	if len(ms) == 1 && off < len(d.binds) && d.binds[off] != nil {
 		// One bound key (a prepared request): no lookup in the store.
 		if ms[0].Cost == 0 {
@@ -663,7 +723,8 @@ func (n *Node) DecidePrepared(ctx context.Context, now int64, p *Prepared, cost 
 			switch {
 			case m.Rule.Scope == Regional:
 			case sameRows && p.rowIdx[i] >= 0:
-				m.Schedule = n.scheduleRow(m.Rule, s.rows.rows[p.rowIdx[i]])
+				r := s.rows.rows[p.rowIdx[i]]
+				m.Schedule = n.withFence(s, m.Rule, r, n.scheduleRow(m.Rule, r))
 			case sameRows:
 				m.Schedule = n.scheduleRow(m.Rule, nil)
 			default:
@@ -731,6 +792,9 @@ func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait tim
 			maxWait = min(maxWait, left)
 		}
 		r, err := rs.Reserve(ctx, ms[0].Key, ms[0].Schedule, ms[0].Cost, maxWait)
+		if err != nil && n.refence(ms, now, err) {
+			r, err = rs.Reserve(ctx, ms[0].Key, ms[0].Schedule, ms[0].Cost, maxWait)
+		}
 		if err != nil {
 			n.storeErrors.Add(1)
 			n.fallback(now, d, err)
@@ -743,7 +807,7 @@ func (n *Node) Reserve(ctx context.Context, now int64, req *Request, maxWait tim
 		}
 	}
 	if sh := d.Shadow(); len(sh) > 0 {
-		if r, err := n.run(ctx, d, sh, d.enforced); err != nil {
+		if r, err := n.run(ctx, now, d, sh, d.enforced); err != nil {
 			n.storeErrors.Add(1)
 		} else if !r.Allowed {
 			d.ShadowDenied = true
@@ -918,7 +982,8 @@ func (n *Node) leased(ctx context.Context, now int64, d *Decision, m *Match) boo
 	ls.mu.Unlock()
 	cost := m.Cost
 	m.Cost = cost + units
-	r, err := n.run(ctx, d, d.Matches[:1], 0)
+	fenced := !m.Schedule.Fence.IsZero()
+	r, err := n.run(ctx, now, d, d.Matches[:1], 0)
 	m.Cost = cost
 	if err != nil {
 		n.storeErrors.Add(1)
@@ -927,6 +992,14 @@ func (n *Node) leased(ctx context.Context, now int64, d *Decision, m *Match) boo
 	}
 	if !r.Allowed {
 		return false // decide the request alone
+	}
+	if fenced && m.Schedule.Fence.IsZero() {
+		// The region fence refused the table this lease was for: the
+		// take ran reduced, and no lease is kept under it.
+		n.leaseStranded.Add(units)
+		m.entry.forget()
+		d.Result, d.Allowed = r, true
+		return true
 	}
 	n.leaseTakes.Add(1)
 	m.entry.forget() // the take moved the TAT on

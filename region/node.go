@@ -97,6 +97,19 @@ type Config struct {
 	// the tag's entry) is ErrBadRequest, never a cross-slot store error.
 	// SetPolicy does not check: its caller does (the agent does at reload).
 	OneSlot bool
+	// Fence makes every decision under this agent's table's shares carry
+	// the table's (term, epoch) as the region fence (gcra.Schedule.Fence)
+	// — set it when the shell raises the store's fence as it applies each
+	// table (gcra.Fencer; package rebalance, invariant 1). A store holding
+	// a newer fence, or none, refuses such a decision (gcra.ErrFenced):
+	// this agent runs an older table than another of its region put in
+	// force. The node then decides it again at min(share in force, safe
+	// share), unfenced, for the store's clock at any instant (never the
+	// table's share, not even for a store whose clock lags), and counts it
+	// in Stats.Fenced; it is not a store failure. Decisions at the safe
+	// share, reduced, lapsed or unnamed rows and regional limits are never
+	// fenced.
+	Fence bool
 }
 
 // DefaultConfig returns a Config for one agent of region among regions.
@@ -198,6 +211,7 @@ type Stats struct {
 	LeaseHits      int64 // requests served from a local lease, without a store call
 	LeaseTakes     int64 // leases taken (one store call each)
 	LeaseStranded  int64 // leased units never served (expired, or the limit changed)
+	Fenced         int64 // store calls the region fence refused (decided again at min(share, safe), unfenced)
 }
 
 // Node is a region's decision core. Resolve, Decide and Record are safe for
@@ -224,6 +238,7 @@ type Node struct {
 	decisions, peeks, storeErrors, fbOpen, fbClosed, fbLocal, fbError,
 	shadowDenied, overflow, reduced, denyHits atomic.Int64
 	leaseHits, leaseTakes, leaseStranded atomic.Int64
+	fenced                               atomic.Int64
 
 	// Owned by the Tick/Apply goroutine.
 	open        int64 // index of the open report interval
@@ -324,6 +339,10 @@ func (n *Node) SetPolicy(p *Policy) {
 	n.publish(&s)
 }
 
+// Fences reports whether the node's decisions carry the region fence
+// (Config.Fence).
+func (n *Node) Fences() bool { return n.cfg.Fence }
+
 // SafeShare is this region's floor in ppm: the share every key runs at
 // before the first table, and the cap on every key once the lease lapses.
 func (n *Node) SafeShare() uint32 { return n.safe }
@@ -343,6 +362,7 @@ func (n *Node) Stats() Stats {
 		ShadowDenied: n.shadowDenied.Load(), Overflow: n.overflow.Load(), Reduced: n.reduced.Load(), StateLost: n.stateLost.Load(),
 		Regressions: n.regressions.Load(), DenyCacheHits: n.denyHits.Load(),
 		LeaseHits: n.leaseHits.Load(), LeaseTakes: n.leaseTakes.Load(), LeaseStranded: n.leaseStranded.Load(),
+		Fenced: n.fenced.Load(),
 	}
 }
 

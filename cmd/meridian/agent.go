@@ -111,7 +111,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	node, err := region.NewNode(nodeConfig(cfg), policy, br)
+	ncfg := nodeConfig(cfg)
+	ncfg.Fence = regionFenced(cfg)
+	node, err := region.NewNode(ncfg, policy, br)
 	if err != nil {
 		return err
 	}
@@ -120,6 +122,9 @@ func runAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	a, err := agent.New(*cfg, node, log, append(br.Collectors(), stateLost)...)
 	if err != nil {
 		return err
+	}
+	if ncfg.Fence {
+		a.SetFencer(store) // the store itself: a fence write is not a decision for the breaker
 	}
 	var onLoss func()
 	if cfg.Redis.OnStateLoss == "conservative" {

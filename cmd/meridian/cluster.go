@@ -62,6 +62,15 @@ func coordinatorConfig(cfg *agent.Config) rebalance.Config {
 // (agent.Config.NodeConfig: standalone, the whole budget).
 func nodeConfig(cfg *agent.Config) region.Config { return cfg.NodeConfig() }
 
+// regionFenced reports whether an agent of cfg raises its region's fence
+// as it applies each table, its decisions carrying it
+// (region.Config.Fence, agent.SetFencer): in a cluster, on one Redis (not
+// a Cluster, where no key is read by every slot's script) or an in-memory
+// store.
+func regionFenced(cfg *agent.Config) bool {
+	return cfg.Cluster.Enabled() && cfg.Redis.Kind() != agent.RedisCluster
+}
+
 // cluster is an agent's running link to its cluster.
 type cluster struct {
 	tr   *gossip.Transport

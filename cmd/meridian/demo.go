@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gcra/memstore"
 	"github.com/meridian-quota/meridian/gcra/redisstore"
 	"github.com/meridian-quota/meridian/gossip"
@@ -339,7 +340,10 @@ func (c *demoCluster) keys(dir string) error {
 
 // start runs one region's agent and its link to the cluster.
 func (c *demoCluster) start(ctx context.Context, r *demoRegion) error {
-	var store region.Store
+	var store interface {
+		region.Store
+		gcra.Fencer
+	}
 	if c.redis != nil {
 		cfg := redisstore.DefaultConfig()
 		cfg.Prefix = c.prefix + r.name + ":"
@@ -368,7 +372,9 @@ func (c *demoCluster) start(ctx context.Context, r *demoRegion) error {
 	ccfg.Cluster = agent.ClusterConfig{Name: "demo"}
 	ccfg.Cluster.Coordinator.Lease = agent.Duration(c.o.lease)
 	ccfg.Cluster.Coordinator.Strategy = c.o.strategy
-	node, err := region.NewNode(nodeConfig(&ccfg), c.policy, store)
+	ncfg := nodeConfig(&ccfg)
+	ncfg.Fence = true // the agent raises the region fence (SetFencer below)
+	node, err := region.NewNode(ncfg, c.policy, store)
 	if err != nil {
 		return err
 	}
@@ -376,6 +382,7 @@ func (c *demoCluster) start(ctx context.Context, r *demoRegion) error {
 	if err != nil {
 		return err
 	}
+	a.SetFencer(store)
 	r.node, r.agent = node, a
 	return c.link(ctx, r, &ccfg)
 }

@@ -39,6 +39,9 @@ type Config struct {
 	// MaxKeys is the most keys the store holds at once, rested or not. Each
 	// shard holds at most MaxKeys/Shards, so MaxKeys must be at least Shards.
 	MaxKeys int
+	// ID is the store's identity as RaiseFence reports it (gcra.Fencer);
+	// 0 draws a random one. A simulator sets it so that runs repeat.
+	ID uint64
 }
 
 // DefaultConfig is the configuration of the embedded store.
@@ -105,7 +108,7 @@ func New(cfg Config) (*Store, error) {
 		seed:   maphash.MakeSeed(),
 		mask:   uint64(cfg.Shards - 1),
 		shards: make([]shard, cfg.Shards),
-		id:     rand.Uint64() | 1,
+		id:     cfg.ID,
 	}
 	for i := range s.shards {
 		s.shards[i] = shard{
@@ -117,6 +120,9 @@ func New(cfg Config) (*Store, error) {
 			restBound: math.MinInt64,
 			latest:    math.MinInt64,
 		}
+	}
+	if s.id == 0 {
+		s.id = rand.Uint64() | 1
 	}
 	return s, nil
 }
@@ -232,6 +238,14 @@ func (s *Store) checkSchedule(sch *gcra.Schedule) error {
 		}
 	}
 	return nil
+}
+
+// Fence returns the region fence the store holds (ok false: none).
+func (s *Store) Fence() (f gcra.Fence, ok bool) {
+	if p := s.fence.Load(); p != nil {
+		return *p, true
+	}
+	return gcra.Fence{}, false
 }
 
 // RaiseFence implements gcra.Fencer: the fence only rises, and the store's

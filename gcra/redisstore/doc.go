@@ -52,6 +52,20 @@
 // composite of any keys, tagged or not, is decided there in one call,
 // atomically.
 //
+// # Region fence
+//
+// Store is a gcra.Fencer on a single node or Sentinel: one more key,
+// Prefix + "meridian-fence" (no '{', so no key of RedisKey's form can be
+// it), holds the (term, epoch) of the newest share table an agent of the
+// region has applied. RaiseFence only raises it, reads it back, waits for
+// every connected replica to have the write (WAIT, at most 100 ms) and
+// returns the server's identity (run_id and prefix hashed: a restart or a
+// failover changes it). A batch with fenced checks reads the key once and
+// answers a fenced check below it — or any fenced check while the key is
+// missing — with gcra.ErrFenced, writing nothing (a composite's other
+// checks neither). A Cluster keeps no fence: RaiseFence returns identity 0
+// and fenced checks are decided as unfenced ones.
+//
 // # Upgrading from the packed format
 //
 // Releases before the Value stored one integer, gcra.PackV1's

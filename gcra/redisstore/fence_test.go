@@ -3,11 +3,14 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gcra/memstore"
+	"github.com/meridian-quota/meridian/internal/testenv"
 )
 
 // fenceStore is what the fence tests drive: both stores, the same calls.
@@ -133,5 +136,49 @@ func TestFenceIdentity(t *testing.T) {
 	}
 	if _, _, err := a.RaiseFence(ctx, gcra.Fence{}); !errors.Is(err, ErrBadInput) {
 		t.Fatalf("zero fence: %v, want ErrBadInput", err)
+	}
+}
+
+// TestFenceConfirmedOnReplicas: with a replica, RaiseFence returns only once
+// the replica has the write (WAIT), and fails — so the agent reports no new
+// fence and the coordinator waits for the region's leases — when the
+// replica cannot confirm it (here: paused). A failover to a replica that
+// missed the write would otherwise hold an older fence, which admits what
+// the newer one refused.
+func TestFenceConfirmedOnReplicas(t *testing.T) {
+	ctx := context.Background()
+	noDelay := []string{"--repl-diskless-sync-delay", "0"}
+	master := testenv.StartRedis(t, noDelay...)
+	replica := testenv.StartRedis(t, append(noDelay, "--replicaof", "127.0.0.1", fmt.Sprint(master.Port))...)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := replica.Client().Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			if n, _ := master.Client().Info(ctx, "replication").Result(); strings.Contains(n, "connected_slaves:1") {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica's link never came up: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s, err := New(master.Client(), DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, id, err := s.RaiseFence(ctx, gcra.Fence{Term: 2, Epoch: 3})
+	if err != nil || held != (gcra.Fence{Term: 2, Epoch: 3}) || id == 0 {
+		t.Fatalf("RaiseFence with a live replica = %v, %d, %v", held, id, err)
+	}
+	if v, err := replica.Client().Get(ctx, s.fenceKey).Result(); err != nil || len(v) != 16 {
+		t.Fatalf("the replica holds %q, %v: want the 16-byte fence", v, err)
+	}
+	if err := replica.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = replica.Resume() }()
+	if _, _, err := s.RaiseFence(ctx, gcra.Fence{Term: 2, Epoch: 4}); err == nil || !strings.Contains(err.Error(), "replicas confirmed") {
+		t.Fatalf("RaiseFence with the replica paused: %v, want an unconfirmed-write error", err)
 	}
 }

@@ -78,14 +78,16 @@ type Agent struct {
 	denied    prometheus.Counter
 	shares    atomic.Pointer[shareStats] // of the table applied last; nil: the safe share
 
-	reloadMu   sync.Mutex                      // serializes Reload
-	storeCheck func(ctx context.Context) error // readiness: does the store answer?
-	tokens     [][]byte                        // bearer tokens; none: no authentication
-	tls        *tls.Config                     // nil: plaintext
-	tracer     trace.Tracer
-	reloadCh   chan struct{} // RequestReload → the Run loop
-	policyAt   [32]byte      // policyDigest of the policy path as last loaded (or rejected)
-	ctrl       Control       // nil: standalone
+	reloadMu    sync.Mutex                      // serializes Reload
+	storeCheck  func(ctx context.Context) error // readiness: does the store answer?
+	tokens      [][]byte                        // bearer tokens; none: no authentication
+	tls         *tls.Config                     // nil: plaintext
+	tracer      trace.Tracer
+	reloadCh    chan struct{} // RequestReload → the Run loop
+	policyAt    [32]byte      // policyDigest of the policy path as last loaded (or rejected)
+	ctrl        Control       // nil: standalone
+	fencer      gcra.Fencer   // SetFencer's; nil: no region fence
+	fenceErrors atomic.Int64  // fence raises that failed
 	// loadPolicy reads the policy path, a file or a directory
 	// (region.LoadPolicy; tests substitute it).
 	loadPolicy     func(path string, opt region.LoadOptions) (*region.Policy, error)
@@ -213,6 +215,10 @@ func New(cfg Config, node *region.Node, log *slog.Logger, extra ...prometheus.Co
 		stat("meridian_lease_hits_total", "Requests served from a local lease, without a Redis call.", func(s region.Stats) int64 { return s.LeaseHits }),
 		stat("meridian_lease_takes_total", "Leases taken from Redis.", func(s region.Stats) int64 { return s.LeaseTakes }),
 		stat("meridian_lease_stranded_units_total", "Leased units never served (the lease expired or its limit changed).", func(s region.Stats) int64 { return s.LeaseStranded }),
+		stat("meridian_fenced_total", "Store calls the region fence refused: this agent ran an older table than another agent of its region had put in force (partitioned from NATS, or slow to receive it); each was decided again at min(share, safe share).", func(s region.Stats) int64 { return s.Fenced }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "meridian_fence_raise_errors_total",
+			Help: "Region fence raises that failed (the coordinator then waits for this region's leases, not its fence)."},
+			func() float64 { return float64(a.fenceErrors.Load()) }),
 		stat("meridian_untracked_keys_total", "Checks on keys beyond the tracked-key cap (decided, not reported).", func(s region.Stats) int64 { return s.Overflow }),
 	)
 	a.reg.MustRegister(extra...)
@@ -891,6 +897,10 @@ func (a *Agent) EndDrain() { a.endDrain.Do(func() { close(a.drainEnd) }) }
 // serving (and following its cluster) for Config.DrainDelay or until
 // EndDrain, then the servers stop accepting and finish in-flight requests.
 func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
+	if a.node.Fences() != (a.fencer != nil) {
+		return fmt.Errorf("%w: the node's region fence (region.Config.Fence %v) needs SetFencer exactly when it is set (fencer set: %v)",
+			ErrConfig, a.node.Fences(), a.fencer != nil)
+	}
 	errc := make(chan error, 2)
 	var gs *grpc.Server
 	if grpcLis != nil {
@@ -934,6 +944,14 @@ func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 		tables = a.ctrl.Tables()
 	}
 	var ackTerm, ackEpoch uint64
+	fctx, fstop := context.WithCancel(context.Background())
+	fences := a.startFences(fctx)
+	defer func() {
+		fstop()
+		if fences != nil {
+			fences.wg.Wait()
+		}
+	}()
 	done := ctx.Done()
 	var drained <-chan time.Time // the drain's wait; nil until it starts
 	endc, skip := (<-chan struct{})(a.drainEnd), false
@@ -965,8 +983,18 @@ loop:
 			aerr := a.node.Apply(t, a.now())
 			if aerr == nil {
 				a.noteApplied(t)
+				if ts := a.node.Table(); ts.Named && !ts.Lapsed {
+					// The fence goes up before the acknowledgement that
+					// carries it: decisions under older tables are refused
+					// in this region from then on.
+					fences.raise(t)
+				}
 			}
 			a.ctrl.Applied(t, aerr)
+		case <-fences.doneC():
+			if ackTerm != 0 || ackEpoch != 0 {
+				a.ctrl.InForce(ackTerm, ackEpoch) // again, with the fence read back
+			}
 		case err = <-errc:
 			if err != nil {
 				break loop
