@@ -40,7 +40,9 @@ const (
 	CheckConverge = "liveness/converge"
 	// CheckResume: election TTL + 2Δ after a coordinator crash with every
 	// other agent reachable (no other fault in that window, lossless
-	// links), no new term runs out of learning mode.
+	// links), no new term runs out of learning mode — or, when the crash
+	// took its region's only agent (a silent region waits for its lease),
+	// election TTL + 2Δ + lease + MaxSkew after it.
 	CheckResume = "liveness/resume"
 	// CheckForgedDepose: a coordinator's store was fenced by a head no
 	// coordinator wrote (forged, replayed or undecodable bytes), ending a
@@ -129,6 +131,12 @@ type checker struct {
 
 type resumeCheck struct {
 	at, crash int64
+	// crashIdx is the agent_crash fault (-1: a failover); silentAt, when
+	// above 0, is the later bound for a crash that silenced the agent's
+	// whole region (it was its region's only agent), if no other fault
+	// overlaps until then.
+	crashIdx int
+	silentAt int64
 }
 
 func newChecker(r *Run) *checker {
@@ -167,6 +175,13 @@ func (c *checker) column(ri, a int) {
 	rules := n.Policy().Rules()
 	for k := range r.keys {
 		s := n.ScheduleAt(rules[k], r.keys[k].name, local)
+		if !s.Fence.IsZero() {
+			if held, ok := rg.store.Fence(); !ok || s.Fence.Less(held) {
+				// The region's store refuses this table (its fence is
+				// newer, or gone): the node decides at min(share, safe).
+				s = n.Unfenced(rules[k], s, local)
+			}
+		}
 		l := s.Current.Limit
 		if s.HasPrevious && storeNow < s.Current.Effective {
 			l = s.Previous.Limit
@@ -263,7 +278,10 @@ func faultSpells(sc *Scenario) []spellRef {
 // resumeAt lists CheckResume's instants: TTL + 2Δ after each coordinator
 // crash (a failover, or an agent_crash of the coordinator's agent) that
 // no other fault overlaps from a lease before it to then, on lossless
-// links, inside the run.
+// links, inside the run. A crash of the only agent of its region silences
+// the region, which waits for its lease (issue 17, defect 5): it is
+// checked at TTL + 2Δ + lease + MaxSkew instead, if no other fault
+// overlaps until then.
 func resumeAt(r *Run) []resumeCheck {
 	sc := r.sc
 	if sc.Latency.Loss > 0 || slices.ContainsFunc(sc.Links, func(l LinkSpec) bool { return l.Loss > 0 }) {
@@ -276,15 +294,31 @@ func resumeAt(r *Run) []resumeCheck {
 			continue
 		}
 		at := us(f.At) + ElectionTTL.Microseconds() + 2*r.interval
+		// A crash that silences its region — the coordinator's agent was
+		// its region's only one — waits for that region's lease: nobody
+		// there can acknowledge a table or raise its fence.
+		silent := at + r.rcfg.Lease.Microseconds() + r.rcfg.MaxSkew.Microseconds()
 		from := us(f.At) - r.rcfg.Lease.Microseconds()
-		quiet := at < r.end
-		for _, o := range all {
-			if (o.list != f.list || o.i != f.i) && us(o.At) <= at && us(o.At+o.For) >= from {
-				quiet = false
+		quiet := func(until int64) bool {
+			if until >= r.end {
+				return false
 			}
+			for _, o := range all {
+				if (o.list != f.list || o.i != f.i) && us(o.At) <= until && us(o.At+o.For) >= from {
+					return false
+				}
+			}
+			return true
 		}
-		if quiet {
-			out = append(out, resumeCheck{at: at, crash: us(f.At)})
+		if quiet(at) {
+			rc := resumeCheck{at: at, crash: us(f.At), crashIdx: -1}
+			if f.list == "agent_crash" {
+				rc.crashIdx = f.i
+				if quiet(silent) {
+					rc.silentAt = silent
+				}
+			}
+			out = append(out, rc)
 		}
 	}
 	slices.SortFunc(out, func(a, b resumeCheck) int { return cmp.Compare(a.at, b.at) })
@@ -365,6 +399,16 @@ func (c *checker) resumeCheck(e *event, rc resumeCheck) *Violation {
 	r := c.r
 	started := len(r.terms) > 0 && r.terms[len(r.terms)-1].At > rc.crash
 	if r.coord != nil && started && !r.coord.Stats().Learning {
+		return nil
+	}
+	if rc.crashIdx >= 0 && r.crashed[rc.crashIdx][0] >= 0 && len(r.regions[r.crashed[rc.crashIdx][0]].nodes) == 1 {
+		// The crash silenced its region (issue 17, defect 5: "a silent
+		// region still waits for its lease"): check again at that bound,
+		// or not at all if another fault comes first.
+		if rc.silentAt > rc.at {
+			c.resume = append(c.resume, resumeCheck{at: rc.silentAt, crash: rc.crash, crashIdx: -1})
+			slices.SortFunc(c.resume, func(a, b resumeCheck) int { return cmp.Compare(a.at, b.at) })
+		}
 		return nil
 	}
 	state := "no coordinator runs"

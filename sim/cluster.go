@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 
+	"github.com/meridian-quota/meridian/gcra"
 	"github.com/meridian-quota/meridian/gossip/protocol"
 	"github.com/meridian-quota/meridian/gossip/wire"
 	"github.com/meridian-quota/meridian/rebalance"
@@ -235,6 +236,14 @@ func (r *Run) deliverHead(ri, a int, hm *headMsg) error {
 	switch protocol.Outcome(err) {
 	case protocol.TableApplied:
 		w.applied = t
+		if st := rg.nodes[a].Table(); rg.ncfg[a].Fence && st.Named && !st.Lapsed && !rg.fail.down {
+			// As the agent: the region fence goes up as the table is
+			// applied, before the acknowledgement that carries it.
+			held, id, ferr := rg.store.RaiseFence(context.Background(), gcra.Fence{Term: t.Term, Epoch: t.Epoch})
+			if ferr == nil {
+				rg.fence[a] = fenceRead{held: held, store: id}
+			}
+		}
 	case protocol.TableRefused:
 		return fmt.Errorf("sim: apply table: %w", err)
 	}

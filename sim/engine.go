@@ -165,6 +165,7 @@ type regionState struct {
 	nodes  []*region.Node
 	clocks []region.Clock      // per agent: its time, from its host's wall clock (nodeNow)
 	acked  [][2]uint64         // per agent: the (term, epoch) last acknowledged
+	fence  []fenceRead         // per agent: the region fence its store held when it last raised it
 	follow []protocol.Follower // per agent: which tables reach it, as gossip.Loop decides
 	watch  []agentWatch        // per agent: its watch of the table head
 	ncfg   []region.Config     // per agent: its node's configuration
@@ -196,6 +197,19 @@ func (rg *regionState) allDead() bool { return !slices.Contains(rg.dead, false) 
 // skewed clock, which its store reads too) through its region.Clock, as
 // the agent shell computes it.
 func (rg *regionState) nodeNow(a int, t int64) int64 { return rg.clocks[a].Now(t + rg.skew) }
+
+// fenceRead is what an agent's raise of the region fence read back: the
+// fence the store held and its identity (gossip.Loop.SetFence).
+type fenceRead struct {
+	held  gcra.Fence
+	store uint64
+}
+
+// ackMsg is an acknowledgement on its way to the coordinator.
+type ackMsg struct {
+	term, epoch uint64
+	fence       fenceRead
+}
 
 // failStore is the region's store as the Node sees it: the memstore, or
 // an error while the region's Redis is out.
@@ -579,6 +593,9 @@ func (r *Run) buildRegions() error {
 		mcfg := memstore.DefaultConfig()
 		mcfg.Shards = 16
 		mcfg.Clock = func() int64 { return st.clock }
+		// The region's Redis: the same identity in every run, as wide as a
+		// real one's hash (acknowledgements carry it).
+		mcfg.ID = (uint64(i)+1)*0x9e3779b97f4a7c15 | 1<<63
 		ms, err := memstore.New(mcfg)
 		if err != nil {
 			return err
@@ -594,6 +611,7 @@ func (r *Run) buildRegions() error {
 			ncfg.SafeFraction = cfg.SafeFraction
 			ncfg.MaxSkew = cfg.MaxSkew
 			ncfg.MaxReserveWait = cfg.Fence // the horizon the agent allows: the fence
+			ncfg.Fence = true               // as the agent on one Redis: deliverHead raises the region fence
 			st.ncfg = append(st.ncfg, ncfg)
 			n, err := region.NewNode(ncfg, r.policy, &st.fail)
 			if err != nil {
@@ -602,6 +620,7 @@ func (r *Run) buildRegions() error {
 			st.nodes = append(st.nodes, n)
 			st.clocks = append(st.clocks, region.Clock{})
 			st.acked = append(st.acked, [2]uint64{})
+			st.fence = append(st.fence, fenceRead{})
 			st.follow = append(st.follow, protocol.Follower{})
 			st.watch = append(st.watch, agentWatch{})
 			st.busOut = append(st.busOut, 0)
@@ -1016,8 +1035,8 @@ func (r *Run) handle(e *event) error {
 	case evAck:
 		if tm := r.coord; tm != nil {
 			rg := r.regions[e.a]
-			tv := e.msg.([2]uint64)
-			_ = tm.Ack(rg.name, agentName(rg.name, int(e.b)), tv[0], tv[1]) // production logs and ignores it
+			am := e.msg.(*ackMsg)
+			_ = tm.AckFenced(rg.name, agentName(rg.name, int(e.b)), am.term, am.epoch, am.fence.held, am.fence.store) // production logs and ignores it
 		}
 	case evTable:
 		// A head reaches region a's watchers (b: only agent b-1).
@@ -1468,8 +1487,9 @@ func (r *Run) agentTick(ri, a int) {
 	term, epoch := n.InForce(local)
 	if tv := [2]uint64{term, epoch}; tv != rg.acked[a] && term > 0 {
 		rg.acked[a] = tv
-		ack := wire.Ack{Region: rg.name, Agent: agentName(rg.name, a), Term: term, Epoch: epoch, Sent: local}
-		r.send(ri, evAck, int32(ri), int32(a), tv, wire.AckSize(wireCluster, ack), 1)
+		f := rg.fence[a]
+		ack := wire.Ack{Region: rg.name, Agent: agentName(rg.name, a), Term: term, Epoch: epoch, Sent: local, Fence: f.held, Store: f.store}
+		r.send(ri, evAck, int32(ri), int32(a), &ackMsg{term: term, epoch: epoch, fence: f}, wire.AckSize(wireCluster, ack), 1)
 	}
 }
 
