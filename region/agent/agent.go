@@ -944,6 +944,7 @@ func (a *Agent) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 		tables = a.ctrl.Tables()
 	}
 	var ackTerm, ackEpoch uint64
+	ackFenced := false // the last acknowledgement carried a fence covering its table
 	fctx, fstop := context.WithCancel(context.Background())
 	fences := a.startFences(fctx)
 	defer func() {
@@ -992,8 +993,12 @@ loop:
 			}
 			a.ctrl.Applied(t, aerr)
 		case <-fences.doneC():
-			if ackTerm != 0 || ackEpoch != 0 {
-				a.ctrl.InForce(ackTerm, ackEpoch) // again, with the fence read back
+			if (ackTerm != 0 || ackEpoch != 0) && !ackFenced && fences.covers(ackTerm, ackEpoch) {
+				// The acknowledgement went out before the fence was up
+				// (usually the fence is up long before the table's
+				// effective time): again, with the fence read back.
+				ackFenced = true
+				a.ctrl.InForce(ackTerm, ackEpoch)
 			}
 		case err = <-errc:
 			if err != nil {
@@ -1027,6 +1032,7 @@ loop:
 			if a.ctrl != nil {
 				if term, epoch := a.node.InForce(now); term != ackTerm || epoch != ackEpoch {
 					ackTerm, ackEpoch = term, epoch
+					ackFenced = fences.covers(term, epoch)
 					a.ctrl.InForce(term, epoch)
 				}
 			}

@@ -35,10 +35,23 @@ type fenceRaiser struct {
 	want chan gcra.Fence // the newest fence to raise (capacity 1)
 	done chan struct{}   // a raise succeeded (capacity 1)
 	wg   sync.WaitGroup
+	mu   sync.Mutex
+	held gcra.Fence // what the last successful raise read back
 }
 
-// startFences starts the raiser when the agent has a fencer and a sink;
-// nil otherwise. It stops when ctx ends.
+// covers reports whether the fence read back last covers table (term,
+// epoch): an acknowledgement of it then proves it for the region.
+func (fr *fenceRaiser) covers(term, epoch uint64) bool {
+	if fr == nil {
+		return false
+	}
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	return !fr.held.Less(gcra.Fence{Term: term, Epoch: epoch})
+}
+
+// startFences starts the raiser when the agent has a fencer and a
+// Control; nil otherwise. It stops when ctx ends.
 func (a *Agent) startFences(ctx context.Context) *fenceRaiser {
 	if a.fencer == nil || a.ctrl == nil {
 		return nil
@@ -67,6 +80,9 @@ func (a *Agent) startFences(ctx context.Context) *fenceRaiser {
 				}
 				continue
 			}
+			fr.mu.Lock()
+			fr.held = held
+			fr.mu.Unlock()
 			if sink != nil {
 				sink.SetFence(held, id)
 			}
