@@ -14,7 +14,9 @@
 // (protocol.Candidate on the KV bucket's election key, so a dead
 // coordinator's successor is elected once its record lapses and starts
 // from the stored head; a fenced term ends and stands again as gossip's
-// campaign does) — and simulates only the links and faults: per region
+// campaign does; each agent raises its region's store fence as it applies
+// a table that names it, and decides under it, as an agent on one Redis
+// does: region.Config.Fence) — and simulates only the links and faults: per region
 // pair one-way latency with jitter, loss and duplication, partitions,
 // region loss, coordinator failover, Redis outages (exercising the failure
 // modes), NATS outages, loss of the KV bucket, forged, replayed and
