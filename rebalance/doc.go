@@ -250,6 +250,14 @@
 //   - An acknowledgement from an agent membership does not list proves
 //     nothing; the increase still waits Fence after the decrease is in force.
 //
+// One gap remains: a fence the store lost after a proof (a restart or
+// failover, an eviction) comes back from the next raise, and the agent
+// raising it may be a slow sibling applying an older table than the one
+// proven — an agent still on that older table and cut from NATS, not from
+// the store, then decides under it again. It needs the store to lose the
+// key between the proof and a sibling's late delivery of an older table,
+// and a third agent on exactly that table; it is not closed yet.
+//
 // A coordinator acts under a term, the fencing number its election gives.
 // StartTerm hands it the newest stored table: it republishes those shares
 // under the new term (learning mode) until every agent that table named has
