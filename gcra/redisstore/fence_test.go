@@ -118,11 +118,14 @@ func TestFenceConformance(t *testing.T) {
 // is refused.
 func TestFenceIdentity(t *testing.T) {
 	ctx := context.Background()
-	a, _ := newTestStore(t)
-	b, _ := newTestStore(t)
-	if a.cfg.Prefix == b.cfg.Prefix {
-		t.Skip("testenv gave one prefix twice")
+	a, c := newTestStore(t)
+	cfg := a.cfg
+	cfg.Prefix += "other:"
+	b, err := New(c, cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
+	testenv.Cleanup(t, c, cfg.Prefix)
 	_, ida, err := a.RaiseFence(ctx, gcra.Fence{Term: 1, Epoch: 1})
 	if err != nil {
 		t.Fatal(err)
