@@ -58,7 +58,8 @@
 // Prefix + "meridian-fence" (no '{', so no key of RedisKey's form can be
 // it), holds the (term, epoch) of the newest share table an agent of the
 // region has applied. RaiseFence only raises it, reads it back, waits for
-// every connected replica to have the write (WAIT, at most 100 ms) and
+// every connected replica to have the write (WAIT, at most
+// Config.FenceWait, 1 s by default) and
 // returns the server's identity (run_id and prefix hashed: a restart or a
 // failover changes it). A batch with fenced checks reads the key once and
 // answers a fenced check below it — or any fenced check while the key is

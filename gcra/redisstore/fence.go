@@ -40,14 +40,17 @@ end
 return {ht, he}
 `)
 
-// fenceWait bounds the WAIT for replicas to confirm a fence write.
-const fenceWait = 100 * time.Millisecond
+// defaultFenceWait is Config.FenceWait's 0: the longest RaiseFence waits
+// for replicas to confirm a fence write. It runs beside the decisions, once
+// per table, so a loaded replica may take its time.
+const defaultFenceWait = time.Second
 
 var _ gcra.Fencer = (*Store)(nil)
 
 // RaiseFence implements gcra.Fencer on a single node or Sentinel: on one
 // connection it raises the fence, reads the server's run_id and replica
-// count (INFO), and where there are replicas waits (WAIT, at most 100 ms)
+// count (INFO), and where there are replicas waits (WAIT, at most
+// Config.FenceWait)
 // until every connected one has the write — a failover to a replica that
 // lacked it would hold an older fence, which admits what the newer one
 // refused. The identity is a hash of the run_id and the prefix: a restart
@@ -64,7 +67,11 @@ func (s *Store) RaiseFence(ctx context.Context, f gcra.Fence) (gcra.Fence, uint6
 	if !ok {
 		return gcra.Fence{}, 0, fmt.Errorf("redisstore: RaiseFence: client %T is not supported", s.uc)
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(s.cfg.Timeout, time.Second)+fenceWait)
+	wait := s.cfg.FenceWait
+	if wait == 0 {
+		wait = defaultFenceWait
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(s.cfg.Timeout, time.Second)+wait)
 	defer cancel()
 	conn := cl.Conn()
 	defer conn.Close()
@@ -85,12 +92,12 @@ func (s *Store) RaiseFence(ctx context.Context, f gcra.Fence) (gcra.Fence, uint6
 		return gcra.Fence{}, 0, err
 	}
 	if replicas > 0 {
-		n, err := conn.Wait(ctx, replicas, fenceWait).Result()
+		n, err := conn.Wait(ctx, replicas, wait).Result()
 		if err != nil {
 			return gcra.Fence{}, 0, fmt.Errorf("redisstore: raise fence: WAIT: %w", err)
 		}
 		if n < int64(replicas) {
-			return gcra.Fence{}, 0, fmt.Errorf("redisstore: raise fence: %d of %d replicas confirmed the write within %s", n, replicas, fenceWait)
+			return gcra.Fence{}, 0, fmt.Errorf("redisstore: raise fence: %d of %d replicas confirmed the write within %s", n, replicas, wait)
 		}
 	}
 	h := fnv.New64a()

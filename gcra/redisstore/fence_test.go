@@ -166,7 +166,9 @@ func TestFenceConfirmedOnReplicas(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	s, err := New(master.Client(), DefaultConfig())
+	cfg := DefaultConfig()
+	cfg.FenceWait = 10 * time.Second // a guard against a hang, not a verdict: a loaded replica confirms late
+	s, err := New(master.Client(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,6 +182,8 @@ func TestFenceConfirmedOnReplicas(t *testing.T) {
 	if err := replica.Pause(); err != nil {
 		t.Fatal(err)
 	}
+	// A paused replica never confirms, whatever the wait.
+	s.cfg.FenceWait = 200 * time.Millisecond
 	defer func() { _ = replica.Resume() }()
 	if _, _, err := s.RaiseFence(ctx, gcra.Fence{Term: 2, Epoch: 4}); err == nil || !strings.Contains(err.Error(), "replicas confirmed") {
 		t.Fatalf("RaiseFence with the replica paused: %v, want an unconfirmed-write error", err)

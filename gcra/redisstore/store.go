@@ -105,6 +105,11 @@ type Config struct {
 	// limit (deny), and reservations may not wait past it. Switch to
 	// FormatValue once no older agent is left.
 	WriteFormat Format
+	// FenceWait bounds how long RaiseFence waits for every connected
+	// replica to confirm the region fence (WAIT); 0 means 1 s. An
+	// unconfirmed raise fails, and the coordinator then waits for the
+	// region's leases rather than count its acknowledgement.
+	FenceWait time.Duration
 }
 
 // Format is the form a Store writes a key's state in.
@@ -172,6 +177,9 @@ func (c Config) Validate() error {
 	}
 	if c.Lanes < 1 || c.Lanes > 256 {
 		errs = append(errs, fmt.Errorf("redisstore: Lanes %d: must be in [1, 256]", c.Lanes))
+	}
+	if c.FenceWait < 0 {
+		errs = append(errs, fmt.Errorf("redisstore: FenceWait %s: must not be negative", c.FenceWait))
 	}
 	if c.WriteFormat > FormatPacked {
 		errs = append(errs, fmt.Errorf("redisstore: WriteFormat %v: want FormatValue or FormatPacked", c.WriteFormat))
