@@ -22,10 +22,11 @@ func exploreN(n, race int) int {
 }
 
 // knownFailures is the explorer's known-failure list (issue 16,
-// must-hold 2): the defects of issue 17 that are protocol logic and that
-// seed 1's schedules find, each with a schedule that finds it. Each entry
-// goes when its defect is fixed; TestExploreSeed1 then asserts one class
-// fewer, and 0 violations once the list is empty.
+// must-hold 2): protocol defects seed 1's schedules find, each with a
+// schedule that finds it. Each entry goes when its defect is fixed;
+// TestExploreSeed1 then asserts one class fewer, and 0 violations once the
+// list is empty. Issue 17's defects are all gone from it; what is left is
+// one class the explorer found beside them.
 var knownFailures = []struct {
 	defect   string
 	check    string
@@ -33,8 +34,7 @@ var knownFailures = []struct {
 	schedule int    // a schedule of seed 1 (or of seed, when set) that finds it
 	seed     uint64
 }{
-	// A safety defect the explorer found (not in issue 17's list; fix it
-	// first): agents of one region on one store whose epoch slots for a
+	// A safety defect the explorer found (not in issue 17's list): agents of one region on one store whose epoch slots for a
 	// key diverge — one whose lease lapsed (slot 4v+5) or restarted cold
 	// and came back (4v+6), beside siblings still in slot 4v+4 — read the
 	// siblings' state as "older than the previous change" and convert it
@@ -42,8 +42,12 @@ var knownFailures = []struct {
 	// turns the siblings' recent admissions and bookings into credit:
 	// OA_budget 0.14–1.1 % with failure_mode closed. gcra's conversion
 	// cannot simply keep the stored TAT (that breaks the exactness
-	// property and the mixed-fleet upgrade test); the slots themselves,
-	// or what a reduced agent writes, need a region-wide rule.
+	// property and the mixed-fleet upgrade test), and reading a sibling
+	// slot "as stored" is not exact either when the two limits' windows
+	// differ. An exact conversion needs every agent of the region to know
+	// each slot's limit: the reduced slot's limit must be a function of
+	// the table (the table's share and a floor the table carries, issue
+	// 18), not of the agent's own history (min(last, safe)) as today.
 	// With reserving clients, a sibling's booked slots lie ahead of its
 	// state's TAT and the conversion through a slow previous limit (a
 	// lapsed agent's safe share) lands before them (the analysis is in
