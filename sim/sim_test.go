@@ -467,6 +467,18 @@ workload: {rate: 1}
 			}
 		})
 	}
+	// Issue 18: a trace that ends within the warm-up measured nothing and
+	// printed a table of zeros with a recommendation (fails on 12c75e9:
+	// no error).
+	sc.Warmup = Duration(5 * time.Second)
+	const short = "4000000,a,eu,1\n"
+	_, err := readTrace("t", strings.NewReader(short), sc)
+	if want := "run over it ends at 5s, within the scenario's warm-up of 5s"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("trace ending in the warm-up: err = %v, want %q", err, want)
+	}
+	if _, err := readTrace("t", strings.NewReader("5000000,a,eu,1\n"), sc); err != nil {
+		t.Errorf("trace ending after the warm-up: %v", err)
+	}
 }
 
 func TestReportOutputs(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // MaxTraceKeys bounds the distinct keys a trace may name.
@@ -69,6 +70,13 @@ func readTrace(path string, r io.Reader, sc *Scenario) (*Trace, error) {
 	}
 	if t.lines == 0 {
 		return nil, errors.New("trace: no lines")
+	}
+	// A run over the trace ends at its last second (NewRun); one that
+	// ends within the warm-up would measure nothing and still print a
+	// table of zeros and a recommendation.
+	if end := (t.end + 999_999) / 1_000_000 * 1_000_000; end <= us(sc.Warmup) {
+		return nil, fmt.Errorf("trace: its last line is at %s, so a run over it ends at %s, within the scenario's warm-up of %s: nothing would be measured (shorten warmup or give a longer trace)",
+			time.Duration(t.end-1)*time.Microsecond, time.Duration(end)*time.Microsecond, sc.Warmup.D())
 	}
 	order := make([]int, len(names))
 	for i := range order {
