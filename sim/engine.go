@@ -1360,7 +1360,6 @@ func (r *Run) sync() {
 				continue
 			}
 			d, lost := r.link(s, o)
-			r.dec.Reports++
 			if lost {
 				continue
 			}
@@ -1378,6 +1377,12 @@ func (r *Run) sync() {
 				}
 			}
 			if len(b.keys) > 0 {
+				// A message only when there is something to send: a
+				// counter with nothing new for a region stays silent
+				// (its header: the sender's region name and a sequence
+				// number).
+				r.dec.Reports++
+				r.dec.ReportBytes += int64(len(r.regions[s].name) + 8)
 				r.schedule(event{t: r.now + d, kind: evSyncDeliver, msg: b})
 			}
 		}

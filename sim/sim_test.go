@@ -586,3 +586,28 @@ func TestMixedReserveHoldsTheBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicatedCounterSendsOnlyWhatIsNew: the baseline counts a message
+// only when a region has admissions another has not seen. One key whose
+// traffic is all in one region makes two messages per sync (to each other
+// region), not one per region pair: before issue 18 every pair counted at
+// every sync, empty or not — three times too many here (fails on 12c75e9:
+// 6 per sync).
+func TestReplicatedCounterSendsOnlyWhatIsNew(t *testing.T) {
+	sc := mustScenario(t, `
+name: one-region
+duration: 20s
+warmup: 5s
+regions: [{name: eu}, {name: us}, {name: ap}]
+keys: {count: 1, ratio: 2, burst_seconds: 1, home_fraction: 1}
+workload: {rate: 200}
+`)
+	rep := sweep(t, sc, Options{Strategies: []string{ReplicatedCounter}, Intervals: []time.Duration{time.Second}})
+	res := rep.Runs[0]
+	syncs := sc.Duration.D() / sc.Sync.D()
+	msgs := res.Messages * float64(len(sc.Regions)) * sc.Duration.D().Seconds() // one key
+	perSync := msgs / float64(syncs)
+	if perSync < 1.9 || perSync > 2.0 {
+		t.Errorf("%.0f messages over %d syncs (%.2f each), want 2 per sync: the home region to each other one", msgs, syncs, perSync)
+	}
+}
