@@ -315,6 +315,9 @@ func (m *metrics) fill(res *Result) {
 		wr.Convergence = summarize(cv, cw)
 		res.Windows = append(res.Windows, wr)
 	}
+	if m.shift > 0 {
+		res.Convergence = m.convergence(keys, weights, measured)
+	}
 	for j, i := range keys {
 		rate := 1e6 / float64(m.budgets[i].IntervalMicros())
 		vals[j] = float64(m.k[i].nonconf) / (rate * measured)
@@ -338,6 +341,41 @@ func (m *metrics) fill(res *Result) {
 		res.Top = append(res.Top, TopKey{Key: m.names[i], Rate: 1e6 / float64(m.budgets[i].IntervalMicros()),
 			Offered: s.Offered, Admitted: s.Admitted, Oracle: s.Oracle, Shares: s.Shares})
 	}
+}
+
+// convergence is the run's Convergence over keys (weights: their
+// offered cost): each key in 1 s windows when the oracle admitted it at
+// hotRate or more over the measured seconds, else in 10 s windows.
+func (m *metrics) convergence(keys []int, weights []float64, measured float64) Convergence {
+	var c Convergence
+	var all, hot, cv, cw []float64
+	for j, i := range keys {
+		w, isHot := m.wins[1], float64(m.k[i].oracle) >= hotRate*measured
+		if isHot {
+			w = m.wins[0]
+			c.HotKeys++
+		}
+		c.Keys++
+		conv := w.k[i].conv
+		if conv < 0 {
+			c.Never++
+			if isHot {
+				c.HotNever++
+			}
+			continue
+		}
+		s := float64(conv) / 1e6
+		all, cv, cw = append(all, s), append(cv, s), append(cw, weights[j])
+		if isHot {
+			hot = append(hot, s)
+		}
+	}
+	slices.Sort(all)
+	slices.Sort(hot)
+	c.Median, c.MedianNever = median(all, c.Keys)
+	c.HotMedian, c.HotMedianNever = median(hot, c.HotKeys)
+	c.Converged = summarize(cv, cw)
+	return c
 }
 
 // Summary is a metric across keys: the demand-weighted mean (weights are

@@ -353,3 +353,60 @@ func TestScorerClampsTime(t *testing.T) {
 		}()
 	}
 }
+
+// TestConvergenceWindowsByRate is ARCHITECTURE.md's convergence rule:
+// 1 s windows for a key the oracle admits at 400/s or more, 10 s windows
+// for the others, and a key that never converges counted, never left out
+// (issue 18: before, a run reported each window size over every key, and
+// the sweep's table showed the converged keys' mean alone — fails on
+// 12c75e9, which has no Result.Convergence). A hot key (500/s, offered
+// 1,000/s) over-admitted until 5 s after a shift at 2 s converges 3 s
+// after it; a cold one (10/s) over-admitted throughout never does, so the
+// median of the two is "never" and the hot keys' median is 3 s.
+func TestConvergenceWindowsByRate(t *testing.T) {
+	hot, cold := gcra.PerSecond(500, 50), gcra.PerSecond(10, 5)
+	s, err := NewScorer(ScoreConfig{Keys: []string{"hot", "cold"}, Budgets: []gcra.Limit{hot, cold},
+		Regions: []string{"eu", "us"}, Duration: 30 * time.Second, Shift: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tat [2]int64
+	for k := range 30_000 { // 1,000/s of the hot key, a request of the cold one every 50 ms
+		now := int64(k) * 1_000
+		keys := []int{0}
+		if k%50 == 0 {
+			keys = append(keys, 1)
+		}
+		for _, i := range keys {
+			next, or, _ := gcra.Allow([]gcra.Limit{hot, cold}[i], tat[i], now, 1)
+			if or.Allowed {
+				tat[i] = next
+			}
+			sys := or.Allowed || now < 5_000_000 || i == 1
+			if got := s.Decide(i, k%2, 1, sys, now); got != or.Allowed {
+				t.Fatalf("request %d: the scorer's oracle %v, GCRA %v", k, got, or.Allowed)
+			}
+		}
+	}
+	c := s.Result("test", time.Second).Convergence
+	want := Convergence{Keys: 2, Never: 1, MedianNever: true, HotKeys: 1, HotMedian: 3}
+	got := c
+	got.Converged = Summary{}
+	if got != want {
+		t.Errorf("convergence %+v, want %+v", c, want)
+	}
+	if c.Converged.Keys != 1 || c.Converged.Max != 3 {
+		t.Errorf("converged keys %+v, want the hot one at 3 s", c.Converged)
+	}
+	for _, tt := range []struct {
+		vals  []float64
+		n     int
+		want  float64
+		never bool
+	}{{nil, 0, 0, false}, {[]float64{1, 2}, 2, 1.5, false}, {[]float64{1, 2}, 3, 2, false},
+		{[]float64{1, 2}, 4, 0, true}, {[]float64{1}, 1, 1, false}, {nil, 1, 0, true}} {
+		if m, never := median(tt.vals, tt.n); m != tt.want || never != tt.never {
+			t.Errorf("median(%v, %d) = %v, %v; want %v, %v", tt.vals, tt.n, m, never, tt.want, tt.never)
+		}
+	}
+}

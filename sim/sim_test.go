@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -609,5 +610,42 @@ workload: {rate: 200}
 	perSync := msgs / float64(syncs)
 	if perSync < 1.9 || perSync > 2.0 {
 		t.Errorf("%.0f messages over %d syncs (%.2f each), want 2 per sync: the home region to each other one", msgs, syncs, perSync)
+	}
+}
+
+// TestReportSaysNever: a cell whose median key never converged prints
+// "never", not 0.0 (issue 18; fails on 12c75e9, which printed the
+// converged keys' mean — 0.0 with none), and the keys that never
+// converged are in the table and the CSV.
+func TestReportSaysNever(t *testing.T) {
+	rep := &Report{Scenario: "x", Shift: Duration(time.Second), Cells: []Cell{
+		{Strategy: "ewma", Interval: Duration(time.Second), Seeds: 2, ConvergenceNever: 2, NeverKeys: Stat{Mean: 60}, ConvergenceKeys: 100},
+		{Strategy: "static", Interval: Duration(time.Second), Seeds: 2, Convergence: Stat{Mean: 4.5}, NeverKeys: Stat{Mean: 17.5}, ConvergenceKeys: 100},
+		{Strategy: "maxmin", Interval: Duration(time.Second), Seeds: 2, Convergence: Stat{Mean: 2}, ConvergenceKeys: 100},
+	}}
+	var table, csv bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"never (60/100 keys never)", "4.5 (17.5/100 keys never)", " 2.0 "} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+	if err := rep.WriteCSV(&csv); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(csv.String()), "\n")
+	head := strings.Split(lines[0], ",")
+	ewma := strings.Split(lines[1], ",")
+	col := func(name string) string {
+		i := slices.Index(head, name)
+		if i < 0 {
+			t.Fatalf("CSV has no column %q: %s", name, lines[0])
+		}
+		return ewma[i]
+	}
+	if col("never_converged_keys") != "60" || col("convergence_never_seeds") != "2" || col("convergence_keys") != "100" {
+		t.Errorf("CSV row %s", lines[1])
 	}
 }

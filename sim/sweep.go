@@ -58,20 +58,30 @@ type Stat struct {
 // Cell is one strategy at one interval, across seeds. Per-key metrics are
 // their demand-weighted mean across keys (P is the p99 across keys).
 type Cell struct {
-	Strategy     string   `json:"strategy"`
-	Interval     Duration `json:"interval"`
-	Seeds        int      `json:"seeds"`
-	UA1s         Stat     `json:"ua_1s"`
-	OA1s         Stat     `json:"oa_1s"`
-	UA10s        Stat     `json:"ua_10s"`
-	OA10s        Stat     `json:"oa_10s"`
-	OABudget     Stat     `json:"oa_budget"`
-	PeakP99      Stat     `json:"peak_1s_p99"`
-	Fairness     Stat     `json:"fairness_1s"`
-	Convergence  Stat     `json:"convergence_s"`
-	Disagreement Stat     `json:"disagreement"`
-	Messages     Stat     `json:"messages_per_key_region_s"`
-	Bytes        Stat     `json:"bytes_per_key_region_s"`
+	Strategy string   `json:"strategy"`
+	Interval Duration `json:"interval"`
+	Seeds    int      `json:"seeds"`
+	UA1s     Stat     `json:"ua_1s"`
+	OA1s     Stat     `json:"oa_1s"`
+	UA10s    Stat     `json:"ua_10s"`
+	OA10s    Stat     `json:"oa_10s"`
+	OABudget Stat     `json:"oa_budget"`
+	PeakP99  Stat     `json:"peak_1s_p99"`
+	Fairness Stat     `json:"fairness_1s"`
+	// Convergence is the median across keys (Result.Convergence) over the
+	// seeds whose median is a time; ConvergenceNever counts the seeds
+	// whose median is "never", and NeverKeys the keys per seed that never
+	// converged out of ConvergenceKeys. Hot* are the same over the keys
+	// the oracle admits at 400/s or more.
+	Convergence      Stat `json:"convergence_s"`
+	ConvergenceNever int  `json:"convergence_never_seeds"`
+	NeverKeys        Stat `json:"never_converged_keys"`
+	ConvergenceKeys  int  `json:"convergence_keys"`
+	HotConvergence   Stat `json:"hot_convergence_s"`
+	HotNever         int  `json:"hot_convergence_never_seeds"`
+	Disagreement     Stat `json:"disagreement"`
+	Messages         Stat `json:"messages_per_key_region_s"`
+	Bytes            Stat `json:"bytes_per_key_region_s"`
 }
 
 // The recommendation's bounds: budget over-admission and peak.
@@ -185,7 +195,10 @@ func Sweep(sc *Scenario, opt Options) (*Report, error) {
 		cell.OABudget = stat(rs, func(r *Result) float64 { return r.OABudget.Mean })
 		cell.PeakP99 = stat(rs, func(r *Result) float64 { return r.Windows[0].Peak.P99 })
 		cell.Fairness = stat(rs, func(r *Result) float64 { return r.Windows[0].Fairness.Mean })
-		cell.Convergence = stat(rs, func(r *Result) float64 { return r.Windows[0].Convergence.Mean })
+		cell.Convergence, cell.ConvergenceNever = medianStat(rs, func(c *Convergence) (float64, bool) { return c.Median, c.MedianNever })
+		cell.HotConvergence, cell.HotNever = medianStat(rs, func(c *Convergence) (float64, bool) { return c.HotMedian, c.HotMedianNever })
+		cell.NeverKeys = stat(rs, func(r *Result) float64 { return float64(r.Convergence.Never) })
+		cell.ConvergenceKeys = rs[0].Convergence.Keys
 		cell.Disagreement = stat(rs, func(r *Result) float64 { return r.Disagreement })
 		cell.Messages = stat(rs, func(r *Result) float64 { return r.Messages })
 		cell.Bytes = stat(rs, func(r *Result) float64 { return r.Bytes })
@@ -222,6 +235,21 @@ func stat(rs []*Result, f func(*Result) float64) Stat {
 	}
 	sd := math.Sqrt(ss / (n - 1))
 	return Stat{Mean: mean, CI95: tCrit(len(rs)) * sd / math.Sqrt(n)}
+}
+
+// medianStat is stat over the runs whose convergence median f gives is a
+// time, and how many runs' median is "never".
+func medianStat(rs []*Result, f func(*Convergence) (float64, bool)) (Stat, int) {
+	var timed []*Result
+	for _, r := range rs {
+		if _, never := f(&r.Convergence); !never {
+			timed = append(timed, r)
+		}
+	}
+	if len(timed) == 0 {
+		return Stat{}, len(rs)
+	}
+	return stat(timed, func(r *Result) float64 { m, _ := f(&r.Convergence); return m }), len(rs) - len(timed)
 }
 
 // recommend picks, among Meridian's strategies (not the baselines), the
@@ -263,12 +291,24 @@ func num(s Stat, prec int) string {
 	return strconv.FormatFloat(s.Mean, 'f', prec, 64) + "±" + strconv.FormatFloat(s.CI95, 'f', prec, 64)
 }
 
-// conv is a cell's convergence for display: "-" without a scripted shift.
+// conv is a cell's convergence for display: "-" without a scripted
+// shift, "never" when the median key never converged (in every seed),
+// and the keys that never did, when some did not (a mean over seeds).
 func (rep *Report) conv(c Cell) string {
 	if rep.Shift == 0 {
 		return "-"
 	}
-	return num(c.Convergence, 1)
+	s := num(c.Convergence, 1)
+	switch {
+	case c.ConvergenceNever == c.Seeds:
+		s = "never"
+	case c.ConvergenceNever > 0:
+		s += fmt.Sprintf(", never in %d/%d seeds", c.ConvergenceNever, c.Seeds)
+	}
+	if c.NeverKeys.Mean > 0 {
+		s += fmt.Sprintf(" (%s/%d keys never)", strconv.FormatFloat(c.NeverKeys.Mean, 'f', -1, 64), c.ConvergenceKeys)
+	}
+	return s
 }
 
 // WriteTable writes the cells as an aligned table ending with the
@@ -302,9 +342,11 @@ func (rep *Report) WriteCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
 	head := []string{"scenario", "strategy", "interval_s", "seeds"}
 	for _, n := range []string{"ua_1s", "oa_1s", "ua_10s", "oa_10s", "oa_budget", "peak_1s_p99", "fairness_1s",
-		"convergence_s", "disagreement", "messages_per_key_region_s", "bytes_per_key_region_s"} {
+		"convergence_s", "disagreement", "messages_per_key_region_s", "bytes_per_key_region_s",
+		"never_converged_keys", "hot_convergence_s"} {
 		head = append(head, n, n+"_ci95")
 	}
+	head = append(head, "convergence_keys", "convergence_never_seeds", "hot_convergence_never_seeds")
 	if err := cw.Write(head); err != nil {
 		return err
 	}
@@ -312,9 +354,10 @@ func (rep *Report) WriteCSV(w io.Writer) error {
 	for _, c := range rep.Cells {
 		row := []string{rep.Scenario, c.Strategy, f(c.Interval.D().Seconds()), strconv.Itoa(c.Seeds)}
 		for _, s := range []Stat{c.UA1s, c.OA1s, c.UA10s, c.OA10s, c.OABudget, c.PeakP99, c.Fairness, c.Convergence,
-			c.Disagreement, c.Messages, c.Bytes} {
+			c.Disagreement, c.Messages, c.Bytes, c.NeverKeys, c.HotConvergence} {
 			row = append(row, f(s.Mean), f(s.CI95))
 		}
+		row = append(row, strconv.Itoa(c.ConvergenceKeys), strconv.Itoa(c.ConvergenceNever), strconv.Itoa(c.HotNever))
 		if err := cw.Write(row); err != nil {
 			return err
 		}
