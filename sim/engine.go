@@ -579,6 +579,9 @@ func (r *Run) buildRegions() error {
 	if r.sc.Fence > 0 {
 		cfg.Fence = r.sc.Fence.D()
 	}
+	if f := r.sc.SafeFraction; f != nil {
+		cfg.SafeFraction = *f
+	}
 	cfg.Strategy = r.strategy
 	if r.baseline() {
 		cfg.Strategy = "static" // unused: the baselines have no coordinator

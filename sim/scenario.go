@@ -73,6 +73,12 @@ type Scenario struct {
 	Lease   Duration `yaml:"lease"`
 	MaxSkew Duration `yaml:"max_skew"`
 	Fence   Duration `yaml:"fence"`
+	// SafeFraction is the part of every budget set aside as the regions'
+	// floors (rebalance.Config.SafeFraction, split equally; unset: its
+	// default, 10 %). Every region's agents run a key at their floor before
+	// its first table and after a lapse, so a smaller one admits less then
+	// and leaves more to the regions with demand.
+	SafeFraction *float64 `yaml:"safe_fraction"`
 	// Shift is the time of the scripted shift convergence is measured from
 	// (0: none).
 	Shift Duration `yaml:"shift"`
@@ -724,6 +730,9 @@ func (s *Scenario) Validate() error {
 		if fence < 2*skew {
 			bad("fence", "%s: below twice max_skew (%s), as rebalance.Config.Validate requires", fence, skew)
 		}
+	}
+	if f := s.SafeFraction; f != nil && (math.IsNaN(*f) || *f <= 0 || *f > 1) {
+		bad("safe_fraction", "%v: must be in (0, 1] (the part of every budget the regions' floors share; a region needs a floor to run a key before its first table)", *f)
 	}
 	if s.Lease < 0 || s.MaxSkew < 0 || s.Fence < 0 || s.Shift < 0 || s.Shift > s.Duration {
 		bad("lease, max_skew, fence, shift", "must not be negative (and shift within the run)")
