@@ -144,7 +144,9 @@ type key struct {
 	burst   []int64
 	rate    float64   // offered requests/s in total
 	mix     []float64 // per region: part of the key's traffic (sums to 1)
-	lmax    float64   // thinning bound on the key's rate multiplier
+	home    int       // the region its home traffic is offered in (mix's home)
+	moves   []homeMove
+	lmax    float64 // thinning bound on the key's rate multiplier
 	on      bool
 	req     region.Request
 	prep    []*region.Prepared // per agent (regionState.first + agent), made on first use
@@ -456,9 +458,13 @@ func (r *Run) buildKeys() error {
 			k.mix[j] = (1 - sc.Keys.HomeFraction) * rg.Weight / regW
 		}
 		k.mix[home] += sc.Keys.HomeFraction
+		k.home = home
 		k.on = true
 		k.req = region.Request{Domain: "sim", Cost: 1,
 			Descriptors: []region.Descriptor{{Entries: []region.Entry{{Key: "k", Value: k.value}}}}}
+	}
+	if m := sc.Keys.Migrations; m != nil {
+		r.drawMigrations(m)
 	}
 	// The policy reloads, in time order: version v+1 scales the Keys most
 	// popular keys' budgets of version v.
@@ -987,6 +993,13 @@ func (r *Run) handle(e *event) error {
 			}
 			x -= w
 		}
+		if ri == k.home && len(k.moves) > 0 {
+			// Traffic for the key's first home arrives where the key
+			// lives now. (A region's weight share of its traffic
+			// moves with it: a key with home_fraction 1 lives in one
+			// region at a time.)
+			ri = r.homeAt(i, e.t)
+		}
 		r.arrive(i, r.route(ri, e.t), r.cost(), 0)
 	case evTrace:
 		ln := r.traceLn
@@ -1145,6 +1158,52 @@ func (r *Run) churnedOut(i int) bool {
 // simulator elects its coordinator, the first one may sit in a region whose
 // clock runs behind.
 func (r *Run) coordNow() int64 { return max(0, r.now+r.regions[r.coordIdx].skew) }
+
+// homeMove is a key's home moving to region to at t (µs).
+type homeMove struct {
+	t  int64
+	to int
+}
+
+// drawMigrations gives each key its home moves, from a stream of its own
+// (the keys' budgets and mixes are the same with migrations or without).
+func (r *Run) drawMigrations(m *MigrationSpec) {
+	rng := rand.New(rand.NewPCG(r.seed, 0x6d6967726174))
+	span := r.end - r.warmup
+	for i := range r.keys {
+		k := &r.keys[i]
+		n := m.Min + rng.IntN(m.Max-m.Min+1)
+		at := make([]int64, n)
+		for j := range at {
+			at[j] = r.warmup + rng.Int64N(max(span, 1))
+		}
+		slices.Sort(at)
+		home := k.home
+		for _, t := range at {
+			// Another region, by weight.
+			to := home
+			for to == home {
+				to = pickWeighted(rng, r.sc.Regions)
+			}
+			k.moves = append(k.moves, homeMove{t: t, to: to})
+			home = to
+		}
+	}
+}
+
+// homeAt is where key i's home traffic is offered at t: its home, or where
+// its last move before t took it.
+func (r *Run) homeAt(i int, t int64) int {
+	k := &r.keys[i]
+	home := k.home
+	for _, m := range k.moves {
+		if m.t > t {
+			break
+		}
+		home = m.to
+	}
+	return home
+}
 
 // route applies traffic moves: traffic offered in region ri at t arrives in
 // the region it moved to.

@@ -142,6 +142,17 @@ type KeysSpec struct {
 	// HomeFraction of a key's traffic comes from its home region; the rest
 	// is spread over the regions by weight.
 	HomeFraction float64 `yaml:"home_fraction"`
+	// Migrations move each key's home: between Min and Max times (drawn
+	// uniformly per key), at instants uniform over the measured part of
+	// the run, each time to another region drawn by weight. The traffic
+	// the key's home would get arrives in its new home from then on.
+	Migrations *MigrationSpec `yaml:"migrations"`
+}
+
+// MigrationSpec bounds how many times each key's home moves.
+type MigrationSpec struct {
+	Min int `yaml:"min"`
+	Max int `yaml:"max"`
 }
 
 // WorkloadSpec describes the offered traffic.
@@ -525,6 +536,16 @@ func (s *Scenario) Validate() error {
 	}
 	if !(k.HomeFraction >= 0 && k.HomeFraction <= 1) {
 		bad("keys.home_fraction", "%v: must be in [0, 1]", k.HomeFraction)
+	}
+	if m := k.Migrations; m != nil {
+		switch {
+		case m.Min < 0 || m.Max < m.Min || m.Max > 100:
+			bad("keys.migrations", "min %d, max %d: want 0 ≤ min ≤ max ≤ 100", m.Min, m.Max)
+		case len(s.Regions) < 2:
+			bad("keys.migrations", "a key's home can move only with two regions or more")
+		case k.HomeFraction == 0:
+			bad("keys.migrations", "home_fraction is 0: a key without a home has nothing to move")
+		}
 	}
 	w := &s.Workload
 	if !(w.Rate > 0) || math.IsInf(w.Rate, 0) || w.Rate > 10_000_000 {

@@ -448,7 +448,7 @@ workload: {rate: 100}
 
 func TestBuiltinsParse(t *testing.T) {
 	names := BuiltinNames()
-	for _, want := range []string{"steady-skew", "follow-the-sun", "flash-crowd", "region-failover", "partition", "retry-storm", "many-keys", "coordinator-failover", "mixed-reserve"} {
+	for _, want := range []string{"steady-skew", "follow-the-sun", "flash-crowd", "region-failover", "partition", "retry-storm", "many-keys", "coordinator-failover", "mixed-reserve", "migrating"} {
 		if _, err := Builtin(want); err != nil {
 			t.Errorf("built-in %s: %v (have %v)", want, err, names)
 		}
@@ -666,5 +666,59 @@ func TestReportSaysNever(t *testing.T) {
 	}
 	if col("never_converged_keys") != "60" || col("convergence_never_seeds") != "2" || col("convergence_keys") != "100" {
 		t.Errorf("CSV row %s", lines[1])
+	}
+}
+
+// TestMigrationsMoveAKeysHome: with home_fraction 1 and migrations, each
+// key is offered traffic in exactly one region at a time — its home until
+// its first move, then each move's region from the move on — and every key
+// moves between min and max times, each to another region. (Issue 18's
+// migrating tenants; new here.)
+func TestMigrationsMoveAKeysHome(t *testing.T) {
+	const yml = `
+name: m
+duration: 30s
+warmup: 5s
+regions: [{name: eu}, {name: us}, {name: ap}]
+keys: {count: 10, zipf: 1, ratio: 1, burst_seconds: 1, home_fraction: 1, migrations: {min: 1, max: 3}}
+workload: {rate: 2000}
+`
+	sc := mustScenario(t, yml)
+	r, err := NewRun(sc, "static", time.Second, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := map[int]bool{}
+	r.m.onRecord = func(i, ri int, _ int64, _, _ bool, ts int64) {
+		if want := r.homeAt(i, ts); ri != want {
+			t.Fatalf("key %d offered in region %d at %dµs, want %d (moves %v)", i, ri, ts, want, r.keys[i].moves)
+		}
+		if ri != r.keys[i].home {
+			moved[i] = true
+		}
+	}
+	if _, err := r.Simulate(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range r.keys {
+		k := &r.keys[i]
+		if n := len(k.moves); n < 1 || n > 3 {
+			t.Errorf("key %d moved %d times, want 1 to 3", i, n)
+		}
+		prev := k.home
+		for _, m := range k.moves {
+			if m.to == prev || m.t < 5_000_000 || m.t >= 30_000_000 {
+				t.Errorf("key %d: move %+v from region %d", i, m, prev)
+			}
+			prev = m.to
+		}
+	}
+	if len(moved) < 8 {
+		t.Errorf("only %d of 10 keys were offered traffic away from their first home", len(moved))
+	}
+	for _, bad := range []string{"migrations: {min: 2, max: 1}", "migrations: {min: -1, max: 1}"} {
+		if _, err := ParseScenario([]byte(strings.Replace(yml, "migrations: {min: 1, max: 3}", bad, 1))); err == nil || !strings.Contains(err.Error(), "keys.migrations") {
+			t.Errorf("%s: err = %v", bad, err)
+		}
 	}
 }
