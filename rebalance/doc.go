@@ -35,8 +35,8 @@
 // strategy but full follows one rule: floors first (region r gets safe_r),
 // then the distributable D = PPM − Σ safe_r is split by largest remainder
 // (Split) in proportion to the strategy's weights, so the shares sum to
-// exactly PPM (proportional and ewma may instead keep the last table, which
-// sums to at most PPM). The strategies differ only in their weights. A demand in
+// exactly PPM (with no demand anywhere every strategy that follows demand
+// may instead keep the last table, which sums to at most PPM). The strategies differ only in their weights. A demand in
 // ppm of the budget is demand·T: demand divided by the budget's rate of
 // 10⁶/T per second, times PPM.
 //
@@ -70,8 +70,10 @@
 //     nearest ppm, at most PPM); region r gets max(safe_r, min(c_r, L)) with the common
 //     level L raised until the PPM is used up (the last few ppm, fewer than
 //     the regions still rising, go one each in name order). When every
-//     c_r is met the rest goes in proportion to c_r (equally when no region
-//     has demand). Small regions get all they ask for and the large ones
+//     c_r is met the rest goes in proportion to c_r. With no demand
+//     anywhere it keeps the last shares as proportional does (a key
+//     between two bursts keeps its budget where it was used), else splits
+//     equally. Small regions get all they ask for and the large ones
 //     split what remains evenly, so one hot region cannot starve the
 //     others; but a region's share above its demand·(1+h) goes to others,
 //     so a sudden rise waits an interval (h is the margin for it).
@@ -99,8 +101,9 @@
 // For both Doorman strategies the grants are computed for all regions at
 // once (Doorman grants one request at a time) and each is capped, in
 // region-name order, at D minus the grants before it; capacity they leave
-// ungranted goes in proportion to the grants, equally when there are none,
-// so the shares still sum to PPM. Reference: github.com/youtube/doorman,
+// ungranted goes in proportion to the grants, so the shares still sum to
+// PPM; with no demand anywhere they keep the last shares as proportional
+// does, else split equally. Reference: github.com/youtube/doorman,
 // go/server/doorman/algorithm.go.
 //
 // A share too small for a slow limit is worth nothing: below
@@ -124,7 +127,7 @@
 // coordinator rejects it first; see Input.Validate). A zero budget still
 // gets shares (its derived limits are zero and deny everything); maxmin
 // and the Doorman strategies, which measure demand against the budget's
-// rate, then see no demand and split D equally. Floors summing above PPM
+// rate, then see no demand and keep the last shares or split D equally. Floors summing above PPM
 // cannot all be kept: Input.Validate and the coordinator's configuration
 // reject them, and a strategy given them anyway writes the floors scaled
 // down to sum to PPM, so no table ever sums above PPM. NewStrategy rejects

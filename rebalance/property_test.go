@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/big"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/meridian-quota/meridian/gcra"
@@ -164,6 +165,12 @@ func (c *propCase) keepsLast(stateAfter []float64) bool {
 			some = some || stateAfter[i] > 0
 		case c.name == "ewma":
 			some = some || (d > 0 && !math.IsInf(d, 1) && c.params.AlphaUp*d > 0)
+		case c.name == "maxmin":
+			// Demand that rounds to a ppm of the budget or more.
+			x := d * float64(c.in.Budget.IntervalMicros()) * (1 + c.params.Headroom)
+			some = some || (d > 0 && !math.IsInf(d, 1) && x >= 0.5)
+		case strings.HasPrefix(c.name, "doorman"):
+			some = some || (d > 0 && !math.IsInf(d, 1) && d*float64(c.in.Budget.IntervalMicros()) > 0)
 		default:
 			return false
 		}

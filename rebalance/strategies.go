@@ -396,6 +396,12 @@ func (s *maxminStrategy) Allocate(in *Input, out []uint32) {
 		// one exact largest-remainder split of D: region r's part above its
 		// floor is (max(s,c)−s) + X·c/Σc = w_r/Σc, Σ w = D·Σc.
 		if sumC == 0 {
+			// No demand anywhere: keep the last shares (a lull, not a
+			// move), as proportional does; equally without them.
+			if keepLast(in, out) {
+				putAllocBuf(buf)
+				return
+			}
 			setEqualWeights(buf.w)
 		} else {
 			x := PPM - met
@@ -459,10 +465,7 @@ func (s *doormanStrategy) Allocate(in *Input, out []uint32) {
 		for _, g := range buf.w {
 			some = some || g > 0
 		}
-		if !some {
-			setEqualWeights(buf.w)
-		}
-		s.spread(d, buf.w, out, buf)
+		s.spreadOrKeep(in, d, some, out, buf)
 	}
 	putAllocBuf(buf)
 }

@@ -207,6 +207,19 @@ func TestAllocate(t *testing.T) {
 		{name: "maxmin without demand splits equally", strategy: "maxmin",
 			giveDemand: []float64{0, 0, 0}, giveSafe: []uint32{100000, 0, 0},
 			want: []uint32{400000, 300000, 300000}},
+		// Issue 18: after an idle interval maxmin and the Doorman pair
+		// fell back to an equal split, handing a single-region tenant's
+		// budget to regions without it (fails on 12c75e9: 333334,
+		// 333333, 333333 and 300000, 300000, 400000).
+		{name: "maxmin without demand keeps a valid last table", strategy: "maxmin",
+			giveDemand: []float64{0, 0, 0}, giveSafe: []uint32{100000, 0, 0},
+			giveLast: []uint32{100000, 850000, 50000}, want: []uint32{100000, 850000, 50000}},
+		{name: "doorman-fair without demand keeps a valid last table", strategy: "doorman-fair",
+			giveDemand: []float64{0, 0, 0}, giveSafe: []uint32{0, 0, 100000},
+			giveLast: []uint32{800000, 0, 200000}, want: []uint32{800000, 0, 200000}},
+		{name: "doorman-proportional without demand splits equally when last breaks a floor", strategy: "doorman-proportional",
+			giveDemand: []float64{0, 0, 0}, giveSafe: []uint32{0, 0, 100000},
+			giveLast: []uint32{900000, 50000, 50000}, want: []uint32{300000, 300000, 400000}},
 		{name: "maxmin with a zero budget sees no demand", strategy: "maxmin", giveBudget: &gcra.Limit{},
 			giveDemand: []float64{10, 0, 0}, want: []uint32{333334, 333333, 333333}},
 		{name: "proportional with a zero budget", strategy: "proportional", giveBudget: &gcra.Limit{},
