@@ -334,6 +334,18 @@ type ewmaStrategy struct {
 func (s *ewmaStrategy) Allocate(in *Input, out []uint32) {
 	buf, d, ok := s.begin(in, out)
 	if ok {
+		// The key's demand against what its regions remember: when it
+		// has not fallen as a whole, a region whose demand fell lost it
+		// to another (a move), not to a lull, and gives its smoothed
+		// demand back as fast as the other gains it.
+		dem, mem := 0.0, 0.0
+		for _, i := range s.order {
+			dem += demandAt(in, i)
+			if in.State != nil {
+				mem += finitePositive(in.State[i])
+			}
+		}
+		moved := dem > 0 && dem >= mem
 		some := false
 		for i := range buf.w {
 			dem, st := demandAt(in, i), 0.0
@@ -341,7 +353,7 @@ func (s *ewmaStrategy) Allocate(in *Input, out []uint32) {
 				st = finitePositive(in.State[i])
 			}
 			a := s.down
-			if dem > st {
+			if dem > st || moved {
 				a = s.up
 			}
 			st += a * (dem - st)
