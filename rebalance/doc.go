@@ -57,10 +57,14 @@
 //     seed 003.
 //   - ewma: proportional on demand smoothed per region in State,
 //     s ← s + α(d − s), with α = alpha_up when demand rises above the
-//     smoothed value and alpha_down when it falls (fast up, slow down). A
-//     region whose traffic grows gets share within an interval or two,
-//     and a brief lull does not strip it; the price is budget held for a
-//     while by a region whose demand has gone. With no demand and all
+//     smoothed value and alpha_down when it falls (fast up, slow down) —
+//     unless the key's demand summed over the regions is at least their
+//     smoothed sum: then its demand moved rather than fell, and a region
+//     whose demand fell gives back at the larger of the two alphas.
+//     A region whose traffic grows gets share within an interval or two,
+//     and a lull of the whole key does not strip any region; the price is
+//     budget held for a while by a region whose demand has gone while the
+//     key's total falls. With no demand and all
 //     State zero it keeps the last shares as proportional does; without
 //     State (nil) it cannot remember and behaves like proportional.
 //     Reference: exponential smoothing as in TCP's SRTT (RFC 6298), with

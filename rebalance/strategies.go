@@ -337,7 +337,8 @@ func (s *ewmaStrategy) Allocate(in *Input, out []uint32) {
 		// The key's demand against what its regions remember: when it
 		// has not fallen as a whole, a region whose demand fell lost it
 		// to another (a move), not to a lull, and gives its smoothed
-		// demand back as fast as the other gains it.
+		// demand back at least as fast as the other gains it (the larger
+		// alpha: raising one region's demand then never lowers its share).
 		dem, mem := 0.0, 0.0
 		for _, i := range s.order {
 			dem += demandAt(in, i)
@@ -353,8 +354,11 @@ func (s *ewmaStrategy) Allocate(in *Input, out []uint32) {
 				st = finitePositive(in.State[i])
 			}
 			a := s.down
-			if dem > st || moved {
+			switch {
+			case dem > st:
 				a = s.up
+			case moved:
+				a = max(s.up, s.down)
 			}
 			st += a * (dem - st)
 			if in.State != nil {

@@ -184,9 +184,15 @@ func TestAllocate(t *testing.T) {
 			giveDemand: []float64{inf, 0, 0}, giveLast: []uint32{1, 2, 3}, want: []uint32{1, 2, 3}},
 		{name: "proportional with huge demand", strategy: "proportional",
 			giveDemand: []float64{math.MaxFloat64, math.MaxFloat64, 0}, want: []uint32{500000, 500000, 0}},
-		{name: "ewma up fast, down slow", strategy: "ewma", params: ewma,
+		{name: "ewma up fast, down slow in a lull", strategy: "ewma", params: ewma,
+			giveDemand: []float64{150, 0, 0}, giveState: []float64{100, 100, 0},
+			want: []uint32{581395, 418605, 0}, wantState: []float64{125, 90, 0}},
+		// Issue 18: the key's demand did not fall (300 ≥ 100 + 100), it
+		// moved to a, so b gives back at alpha_up (fails on 12c75e9:
+		// state 90 for b, shares 689655, 310345).
+		{name: "ewma gives back fast when demand moved", strategy: "ewma", params: ewma,
 			giveDemand: []float64{300, 0, 0}, giveState: []float64{100, 100, 0},
-			want: []uint32{689655, 310345, 0}, wantState: []float64{200, 90, 0}},
+			want: []uint32{800000, 200000, 0}, wantState: []float64{200, 50, 0}},
 		{name: "ewma without demand or state keeps last", strategy: "ewma", params: ewma,
 			giveDemand: []float64{0, 0, 0}, giveState: []float64{0, 0, 0}, giveLast: []uint32{500000, 0, 400000},
 			want: []uint32{500000, 0, 400000}, wantState: []float64{0, 0, 0}},
