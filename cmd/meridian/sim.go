@@ -134,17 +134,15 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		opt.Trace = tr
 	}
+	start := time.Now()
 	if isTerminal(stderr) {
 		opt.Progress = func(done, total int) {
-			const width = 30
-			fill := width * done / total
-			fmt.Fprintf(stderr, "\r[%s%s] %d/%d runs", strings.Repeat("#", fill), strings.Repeat(" ", width-fill), done, total)
+			fmt.Fprintf(stderr, "\r%s", progressLine(done, total, time.Since(start)))
 			if done == total {
 				fmt.Fprintln(stderr)
 			}
 		}
 	}
-	start := time.Now()
 	rep, err := sim.Sweep(sc, opt)
 	if err != nil {
 		return err
@@ -283,4 +281,19 @@ func peakRSS() string {
 		}
 	}
 	return "unknown"
+}
+
+// progressLine is a sweep's progress bar after done of total runs in
+// elapsed: the runs, the time so far and, while runs remain, an estimate
+// of the time left (the runs so far took that long each; padded so a
+// shorter line overwrites a longer one).
+func progressLine(done, total int, elapsed time.Duration) string {
+	const width = 30
+	fill := width * done / max(total, 1)
+	s := fmt.Sprintf("[%s%s] %d/%d runs, %s", strings.Repeat("#", fill), strings.Repeat(" ", width-fill), done, total, elapsed.Round(time.Second))
+	if done > 0 && done < total {
+		left := time.Duration(float64(elapsed) / float64(done) * float64(total-done))
+		s += fmt.Sprintf(", about %s left", left.Round(time.Second))
+	}
+	return s + "    "
 }

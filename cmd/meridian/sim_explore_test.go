@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestSimExplore runs the explorer from the command line: seed 1's first
@@ -83,6 +84,25 @@ func TestSimStopsOnSignal(t *testing.T) {
 		err := runSim(ctx, args, &stdout, &stderr)
 		if err == nil || !strings.Contains(err.Error(), "stopped after") {
 			t.Errorf("%v: %v, want it stopped", args, err)
+		}
+	}
+}
+
+// TestProgressLine: a long sweep shows its runs, the time so far and an
+// estimate of what is left (issue 18: before, only the runs — fails on
+// 12c75e9, which has no progressLine).
+func TestProgressLine(t *testing.T) {
+	for _, tt := range []struct {
+		done, total int
+		elapsed     time.Duration
+		want        string
+	}{
+		{0, 8, 0, "[                              ] 0/8 runs, 0s    "},
+		{2, 8, 30 * time.Second, "[#######                       ] 2/8 runs, 30s, about 1m30s left    "},
+		{8, 8, 2 * time.Minute, "[##############################] 8/8 runs, 2m0s    "},
+	} {
+		if got := progressLine(tt.done, tt.total, tt.elapsed); got != tt.want {
+			t.Errorf("progressLine(%d, %d, %s) = %q, want %q", tt.done, tt.total, tt.elapsed, got, tt.want)
 		}
 	}
 }
