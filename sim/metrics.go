@@ -91,7 +91,10 @@ func newMetrics(y yardstick) *metrics {
 	// Keys are ranked by popularity: the first few are the top keys.
 	for i := 0; i < min(n, 5); i++ {
 		m.top = append(m.top, i)
-		secs := int(y.end/1_000_000) + 1
+		// One entry per second of the run, and none after it: a series
+		// with a trailing second past the end dropped every chart to 0
+		// at its last point.
+		secs := int((y.end + 999_999) / 1_000_000)
 		ks := &keySeries{Offered: make([]int64, secs), Admitted: make([]int64, secs), Oracle: make([]int64, secs)}
 		for range R {
 			ks.Shares = append(ks.Shares, make([]float64, secs))

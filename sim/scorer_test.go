@@ -184,13 +184,13 @@ func TestScorerTimeline(t *testing.T) {
 			t.Errorf("totals offered %d admitted %d oracle %d requests %d", res.Offered, res.Admitted, res.OracleAdmitted, res.Requests)
 		}
 		top := res.Top[0]
-		if want := []int64{20, 20, 20, 0, 0, 0, 0, 0, 0, 0, 0}; !reflect.DeepEqual(top.Offered, want) || !reflect.DeepEqual(top.Admitted, want) {
+		if want := []int64{20, 20, 20, 0, 0, 0, 0, 0, 0, 0}; !reflect.DeepEqual(top.Offered, want) || !reflect.DeepEqual(top.Admitted, want) {
 			t.Errorf("top series offered %v admitted %v, want %v", top.Offered, top.Admitted, want)
 		}
-		if want := []int64{14, 10, 10, 0, 0, 0, 0, 0, 0, 0, 0}; !reflect.DeepEqual(top.Oracle, want) {
+		if want := []int64{14, 10, 10, 0, 0, 0, 0, 0, 0, 0}; !reflect.DeepEqual(top.Oracle, want) {
 			t.Errorf("top series oracle %v, want %v", top.Oracle, want)
 		}
-		if top.Key != "k" || top.Rate != 10 || len(top.Shares) != 1 || len(top.Shares[0]) != 11 {
+		if top.Key != "k" || top.Rate != 10 || len(top.Shares) != 1 || len(top.Shares[0]) != 10 {
 			t.Errorf("top key %q rate %v shares %v", top.Key, top.Rate, top.Shares)
 		}
 	})
@@ -324,7 +324,7 @@ func TestScorerClampsTime(t *testing.T) {
 	s.Shares(3, 0, 0.7, 0)             // no such key: ignored
 	s.Shares(0, 9, 0.7, 0)             // no such region: ignored
 	res := s.Result("clamp", time.Second)
-	want := make([]int64, 11)
+	want := make([]int64, 10) // one per second of the 10 s, none past the end
 	want[0], want[5] = 1, 3
 	if top := res.Top[0]; !reflect.DeepEqual(top.Offered, want) || top.Shares[0][2] != 0.5 || top.Shares[0][0] != 0 {
 		t.Errorf("offered per second %v, shares %v; want %v and 0.5 at 2 s", top.Offered, top.Shares[0], want)

@@ -531,6 +531,24 @@ func TestReportOutputs(t *testing.T) {
 			t.Errorf("HTML is not self-contained: has %q", bad)
 		}
 	}
+	// Issue 18 (each fails on 12c75e9): the report opens with the
+	// trade-off chart, one point per cell; shares are named by region, the
+	// warm-up is shaded; and no series runs past the end (a last point
+	// at 0 dropped every chart).
+	if i, j := strings.Index(h, "Under-admission against control cost"), strings.Index(h, "<table>"); i < 0 || i > j {
+		t.Errorf("the trade-off chart does not open the report (at %d, table at %d)", i, j)
+	}
+	if n := strings.Count(h, "<circle"); n != len(rep.Cells) {
+		t.Errorf("trade-off chart has %d points, want one per cell (%d)", n, len(rep.Cells))
+	}
+	for _, want := range []string{">eu</text>", ">us</text>", ">ap</text>", "warm-up"} {
+		if !strings.Contains(h, want) {
+			t.Errorf("HTML lacks %q", want)
+		}
+	}
+	if top := rep.Runs[0].Top[0]; len(top.Offered) != 40 || top.Offered[39] == 0 {
+		t.Errorf("top key's series: %d seconds, last %d; want 40 with demand in the last", len(top.Offered), top.Offered[len(top.Offered)-1])
+	}
 	// Three seeds give a confidence interval.
 	if rep.Cells[0].UA1s.CI95 == 0 {
 		t.Error("no confidence interval with 3 seeds")

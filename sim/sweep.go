@@ -43,9 +43,13 @@ type Report struct {
 	Cells          []Cell `json:"cells"`
 	Recommendation string `json:"recommendation"`
 	// Shift is the scenario's scripted shift (0: none, and no convergence).
-	Shift  Duration  `json:"shift"`
-	Bounds string    `json:"bounds"`
-	Runs   []*Result `json:"runs"`
+	Shift Duration `json:"shift"`
+	// Regions are the scenario's regions, in its order (a run's share
+	// series are in this order); Warmup the part excluded from metrics.
+	Regions []string  `json:"regions"`
+	Warmup  Duration  `json:"warmup"`
+	Bounds  string    `json:"bounds"`
+	Runs    []*Result `json:"runs"`
 }
 
 // Stat is a metric's mean across seeds and the half-width of its 95 %
@@ -182,7 +186,12 @@ func Sweep(sc *Scenario, opt Options) (*Report, error) {
 			return nil, fmt.Errorf("sim: %s %s seed %d: %w", jobs[i].strategy, jobs[i].interval, jobs[i].seed, err)
 		}
 	}
+	var regions []string
+	for _, rg := range sc.Regions {
+		regions = append(regions, rg.Name)
+	}
 	rep := &Report{Scenario: sc.Name, Description: strings.TrimSpace(sc.Description), Runs: results, Shift: sc.Shift,
+		Regions: regions, Warmup: sc.Warmup,
 		Bounds: fmt.Sprintf("OA_budget ≤ %.0f%% and P(1s, p99 across keys) ≤ %.2f", maxOABudget*100, maxPeak)}
 	per := len(seeds)
 	for c := 0; c < len(jobs); c += per {
