@@ -78,7 +78,7 @@ type Scenario struct {
 	// default, 10 %). Every region's agents run a key at their floor before
 	// its first table and after a lapse, so a smaller one admits less then
 	// and leaves more to the regions with demand.
-	SafeFraction *float64 `yaml:"safe_fraction"`
+	SafeFraction *float64 `yaml:"safe_fraction,omitempty"`
 	// Shift is the time of the scripted shift convergence is measured from
 	// (0: none).
 	Shift Duration `yaml:"shift"`
@@ -146,7 +146,7 @@ type KeysSpec struct {
 	// uniformly per key), at instants uniform over the measured part of
 	// the run, each time to another region drawn by weight. The traffic
 	// the key's home would get arrives in its new home from then on.
-	Migrations *MigrationSpec `yaml:"migrations"`
+	Migrations *MigrationSpec `yaml:"migrations,omitempty"`
 }
 
 // MigrationSpec bounds how many times each key's home moves.
