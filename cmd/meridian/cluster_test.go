@@ -648,7 +648,10 @@ func TestClusterShift(t *testing.T) {
 		return s >= 840_000
 	})
 	n := c.agents["ap"].tables() - n0
-	t.Logf("ap took over acme's budget %v and %d tables after the shift (the core's bound: %d tables on an idle machine)", took, n, bound)
+	// Issue 18's target for a moved tenant: 80 % of its share in the new
+	// region within 2Δ + 1 s (reported, not asserted: see above).
+	t.Logf("ap took over acme's budget %v and %d tables after the shift (the core's bound: %d tables on an idle machine; issue 18's target 2Δ + 1 s = %v)",
+		took, n, bound, 2*tΔ+time.Second)
 	if n := c.log.check(t); n == 0 {
 		t.Fatal("no share changes logged")
 	}
