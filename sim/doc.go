@@ -36,14 +36,18 @@
 // oracle, convergence after a scripted shift, control cost and per-request
 // disagreement, summarized per strategy × interval across keys
 // (demand-weighted mean, p50, p99, max) and across seeds (mean and 95 %
-// interval).
+// interval). Convergence is each key's in 1 s windows, or in 10 s windows
+// when the oracle admits it under 400/s; its summary is the median over
+// keys with the keys that never converged counted, never left out
+// (Convergence).
 //
 // Baselines beside Meridian's strategies: full (Kong's local policy) and
 // static (Envoy's local_cluster_rate_limit) and Doorman's two algorithms
 // are rebalance strategies; replicated-counter is modelled here (it is not
 // a Meridian strategy): each region admits against its own view of one
 // global GCRA and sends its admissions to the others every Sync (100 ms by
-// default), arriving after the link's latency — gubernator's GLOBAL
+// default; a message only to a region that has not seen them, none when
+// there is nothing new), arriving after the link's latency — gubernator's GLOBAL
 // behaviour and Upstash's multi-region limiter. The recommendation is
 // chosen among Meridian's strategies only; the baselines are there to
 // compare with.
@@ -111,6 +115,7 @@
 // ack and signed table is sized exactly (ReportSize, AckSize, TableSize,
 // cluster name "sim") and every chunk is one message. Only the
 // replicated-counter baseline, which is not a Meridian protocol, estimates
-// its sync batches (name plus 8 bytes per key); its results say so
+// its sync batches (the sender's region name plus 8 bytes per message, the
+// key's name plus 8 bytes per key); its results say so
 // (BytesEstimated).
 package sim
