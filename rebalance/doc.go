@@ -58,9 +58,11 @@
 //   - ewma: proportional on demand smoothed per region in State,
 //     s ← s + α(d − s), with α = alpha_up when demand rises above the
 //     smoothed value and alpha_down when it falls (fast up, slow down) —
-//     unless the key's demand summed over the regions is at least their
-//     smoothed sum: then its demand moved rather than fell, and a region
-//     whose demand fell gives back at the larger of the two alphas.
+//     unless the other regions' demand alone is at least the smoothed sum
+//     of all of them: then the key's demand moved rather than fell, and a
+//     region whose demand fell gives back at the larger of the two alphas
+//     (its own demand is left out of the test, so raising it never lowers
+//     its share).
 //     A region whose traffic grows gets share within an interval or two,
 //     and a lull of the whole key does not strip any region; the price is
 //     budget held for a while by a region whose demand has gone while the

@@ -334,19 +334,28 @@ type ewmaStrategy struct {
 func (s *ewmaStrategy) Allocate(in *Input, out []uint32) {
 	buf, d, ok := s.begin(in, out)
 	if ok {
-		// The key's demand against what its regions remember: when it
-		// has not fallen as a whole, a region whose demand fell lost it
-		// to another (a move), not to a lull, and gives its smoothed
-		// demand back at least as fast as the other gains it (the larger
-		// alpha: raising one region's demand then never lowers its share).
-		dem, mem := 0.0, 0.0
-		for _, i := range s.order {
-			dem += demandAt(in, i)
-			if in.State != nil {
+		// The key's demand against what its regions remember: when the
+		// other regions' demand alone is at least what all of them
+		// remember, a region whose demand fell lost it to them (a move),
+		// not to a lull, and gives its smoothed demand back at least as
+		// fast as they gain it (the larger alpha). Its own demand is left
+		// out of that test, so raising it never speeds its own give-back:
+		// raising one region's demand never lowers its share.
+		mem := 0.0
+		if in.State != nil {
+			for _, i := range s.order {
 				mem += finitePositive(in.State[i])
 			}
 		}
-		moved := dem > 0 && dem >= mem
+		moved := func(i int) bool {
+			others := 0.0
+			for _, j := range s.order {
+				if j != i {
+					others += demandAt(in, j)
+				}
+			}
+			return others > 0 && others >= mem
+		}
 		some := false
 		for i := range buf.w {
 			dem, st := demandAt(in, i), 0.0
@@ -357,7 +366,7 @@ func (s *ewmaStrategy) Allocate(in *Input, out []uint32) {
 			switch {
 			case dem > st:
 				a = s.up
-			case moved:
+			case moved(i):
 				a = max(s.up, s.down)
 			}
 			st += a * (dem - st)

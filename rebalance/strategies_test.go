@@ -605,3 +605,22 @@ func BenchmarkAllocate(b *testing.B) {
 		})
 	}
 }
+
+// TestEWMAMovedKeepsOwnDemandMonotone: the moved rule must leave a
+// region's own demand out of the test for a move. A first version summed
+// every region's demand, so region a's demand rising from 59.9 to 60 (state
+// 100, 100, 0; b's demand 140) tipped the key into "moved" and made a's own
+// falling state decay at alpha_up: its share fell from 444419 to 400000
+// (found by TestPropertyOwnDemandMonotone at 200,000 checks; fails on
+// e02b61d).
+func TestEWMAMovedKeepsOwnDemandMonotone(t *testing.T) {
+	s := mustStrategy(t, "ewma", abc, rebalance.Params{AlphaUp: 0.5, AlphaDown: 0.1})
+	share := func(da float64) uint32 {
+		out := make([]uint32, 3)
+		s.Allocate(&rebalance.Input{Budget: perSec1000, Demand: []float64{da, 140, 0}, State: []float64{100, 100, 0}}, out)
+		return out[0]
+	}
+	if lo, hi := share(59.9), share(60); hi < lo {
+		t.Errorf("a's share fell from %d to %d as its demand rose from 59.9 to 60", lo, hi)
+	}
+}
