@@ -1422,10 +1422,8 @@ func (r *Run) sync() {
 				continue
 			}
 			d, lost := r.link(s, o)
-			if lost {
-				continue
-			}
 			b := &syncBatch{to: o}
+			bytes := int64(len(r.regions[s].name) + 8) // header: the sender and a sequence number
 			for i := range r.keys {
 				k := &r.keys[i]
 				if !k.pending {
@@ -1434,19 +1432,25 @@ func (r *Run) sync() {
 				if out := k.rcOut[s*R+o]; out > 0 {
 					b.keys = append(b.keys, int32(i))
 					b.costs = append(b.costs, out)
-					k.rcOut[s*R+o] = 0
-					r.dec.ReportBytes += int64(len(k.name) + 8)
+					bytes += int64(len(k.name) + 8)
 				}
 			}
-			if len(b.keys) > 0 {
-				// A message only when there is something to send: a
-				// counter with nothing new for a region stays silent
-				// (its header: the sender's region name and a sequence
-				// number).
-				r.dec.Reports++
-				r.dec.ReportBytes += int64(len(r.regions[s].name) + 8)
-				r.schedule(event{t: r.now + d, kind: evSyncDeliver, msg: b})
+			if len(b.keys) == 0 {
+				continue // nothing new for o: no message
 			}
+			// Sent, so counted, whether it arrives or not (as Meridian's
+			// messages are); what a lost one carried goes again at the
+			// next sync.
+			r.dec.Reports++
+			r.dec.ReportBytes += bytes
+			if lost {
+				r.dec.Lost++
+				continue
+			}
+			for _, i := range b.keys {
+				r.keys[i].rcOut[s*R+o] = 0
+			}
+			r.schedule(event{t: r.now + d, kind: evSyncDeliver, msg: b})
 		}
 	}
 	for i := range r.keys {

@@ -61,13 +61,12 @@ var knownFailures = []struct {
 	// Since tables name only members (44a6a06), a false suspicion leaves
 	// a live agent unnamed — its tables applied reduced, in slot 4v+5 —
 	// beside siblings in 4v+4: the same class. (Schedule 3 found it until
-	// maxmin and the Doorman pair kept their shares through a lull.)
+	// maxmin and the Doorman pair kept their shares through a lull; each
+	// change of timing moves the class between schedules — 1109 and 1321
+	// find it too, and 407, an agent cut from NATS beyond its lease, did
+	// until ewma's give-back changed.)
 	{"safety: an agent left unnamed by a false suspicion runs another epoch slot than its siblings on the same store",
-		CheckOABudget, "suspicion", 1321, 0},
-	// An agent cut from NATS beyond its lease lapses into 4v+5 while its
-	// siblings run the table in 4v+4: the same class again.
-	{"safety: an agent partitioned beyond its lease runs another epoch slot than its siblings on the same store",
-		CheckOABudget, "agent-partition", 407, 0},
+		CheckOABudget, "suspicion", 101, 0},
 }
 
 // known reports whether failure f is a known one: its check, and a fault

@@ -86,6 +86,10 @@ td:first-child,th:first-child{text-align:left}.rec{font-weight:bold;margin:1em 0
 		}
 		byStrategy[c.Strategy] = append(byStrategy[c.Strategy], c)
 	}
+	if len(order) == 0 {
+		p("</body></html>\n")
+		return bw.Flush()
+	}
 	if cs := byStrategy[order[0]]; len(cs) > 1 {
 		var xs []float64
 		for _, c := range cs {

@@ -352,10 +352,20 @@ func (m *metrics) fill(res *Result) {
 func (m *metrics) convergence(keys []int, weights []float64, measured float64) Convergence {
 	var c Convergence
 	var all, hot, cv, cw []float64
+	// Windows that close after the shift, per window size: a key whose
+	// size has fewer than the 5 the rule needs cannot converge in this
+	// run, whatever the system does.
+	fits := func(w *winMetrics) bool { return m.end/w.size-(m.shift+w.size-1)/w.size >= 5 }
 	for j, i := range keys {
 		w, isHot := m.wins[1], float64(m.k[i].oracle) >= hotRate*measured
 		if isHot {
 			w = m.wins[0]
+		}
+		if !fits(w) {
+			c.Unmeasurable++
+			continue
+		}
+		if isHot {
 			c.HotKeys++
 		}
 		c.Keys++

@@ -75,12 +75,16 @@ type WindowResult struct {
 // more over the measured part of the run ("hot"), 10 s windows for the
 // others. A key that never gets there is counted in Never, never left
 // out: its time is later than any, so a median it falls on is "never"
-// (MedianNever; Median is then 0).
+// (MedianNever; Median is then 0). A key whose windows do not fit 5 times
+// between the shift and the end cannot converge in the run, whatever the
+// system does: it is counted in Unmeasurable instead. With no key measured
+// (Keys 0) there is no median.
 type Convergence struct {
-	Keys        int     `json:"keys"`
-	Never       int     `json:"never"`
-	Median      float64 `json:"median_s"`
-	MedianNever bool    `json:"median_never"`
+	Keys         int     `json:"keys"`
+	Never        int     `json:"never"`
+	Unmeasurable int     `json:"unmeasurable,omitempty"`
+	Median       float64 `json:"median_s"`
+	MedianNever  bool    `json:"median_never"`
 	// Converged is across the keys that converged (demand-weighted mean,
 	// percentiles), in seconds.
 	Converged Summary `json:"converged_s"`

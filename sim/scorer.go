@@ -145,7 +145,7 @@ func (s *Scorer) Decide(i, r int, cost int64, allowed bool, t int64) (oracle boo
 // Shares records, for the top-key series, the part of key i's budget
 // region r runs at, at t (one value per second, the last given in a second
 // wins; the simulator samples once a second). With no calls the series
-// hold zeros. Keys outside the top five, a t outside [0, Duration] and
+// hold zeros. Keys outside the top five, a t outside [0, Duration) and
 // calls after Result are ignored.
 func (s *Scorer) Shares(i, r int, part float64, t int64) {
 	if s.closed || i < 0 || i >= len(s.oracle) || r < 0 || r >= s.m.regions {

@@ -362,16 +362,49 @@ func TestScorerClampsTime(t *testing.T) {
 // 12c75e9, which has no Result.Convergence). A hot key (500/s, offered
 // 1,000/s) over-admitted until 5 s after a shift at 2 s converges 3 s
 // after it; a cold one (10/s) over-admitted throughout never does, so the
-// median of the two is "never" and the hot keys' median is 3 s.
+// median of the two is "never" and the hot keys' median is 3 s. In a run
+// of 30 s the cold key's 10 s windows do not fit 5 times after the shift:
+// it is unmeasurable, not "never".
 func TestConvergenceWindowsByRate(t *testing.T) {
+	c := convergenceRun(t, 70*time.Second)
+	want := Convergence{Keys: 2, Never: 1, MedianNever: true, HotKeys: 1, HotMedian: 3}
+	got := c
+	got.Converged = Summary{}
+	if got != want {
+		t.Errorf("convergence %+v, want %+v", c, want)
+	}
+	if c.Converged.Keys != 1 || c.Converged.Max != 3 {
+		t.Errorf("converged keys %+v, want the hot one at 3 s", c.Converged)
+	}
+	short := convergenceRun(t, 30*time.Second)
+	short.Converged = Summary{}
+	if want := (Convergence{Keys: 1, Unmeasurable: 1, Median: 3, HotKeys: 1, HotMedian: 3}); short != want {
+		t.Errorf("30 s run: convergence %+v, want %+v", short, want)
+	}
+	for _, tt := range []struct {
+		vals  []float64
+		n     int
+		want  float64
+		never bool
+	}{{nil, 0, 0, false}, {[]float64{1, 2}, 2, 1.5, false}, {[]float64{1, 2}, 3, 2, false},
+		{[]float64{1, 2}, 4, 0, true}, {[]float64{1}, 1, 1, false}, {nil, 1, 0, true}} {
+		if m, never := median(tt.vals, tt.n); m != tt.want || never != tt.never {
+			t.Errorf("median(%v, %d) = %v, %v; want %v, %v", tt.vals, tt.n, m, never, tt.want, tt.never)
+		}
+	}
+}
+
+// convergenceRun scores TestConvergenceWindowsByRate's two keys for d.
+func convergenceRun(t *testing.T, d time.Duration) Convergence {
+	t.Helper()
 	hot, cold := gcra.PerSecond(500, 50), gcra.PerSecond(10, 5)
 	s, err := NewScorer(ScoreConfig{Keys: []string{"hot", "cold"}, Budgets: []gcra.Limit{hot, cold},
-		Regions: []string{"eu", "us"}, Duration: 30 * time.Second, Shift: 2 * time.Second})
+		Regions: []string{"eu", "us"}, Duration: d, Shift: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var tat [2]int64
-	for k := range 30_000 { // 1,000/s of the hot key, a request of the cold one every 50 ms
+	for k := range int(d.Milliseconds()) { // 1,000/s of the hot key, a request of the cold one every 50 ms
 		now := int64(k) * 1_000
 		keys := []int{0}
 		if k%50 == 0 {
@@ -388,25 +421,5 @@ func TestConvergenceWindowsByRate(t *testing.T) {
 			}
 		}
 	}
-	c := s.Result("test", time.Second).Convergence
-	want := Convergence{Keys: 2, Never: 1, MedianNever: true, HotKeys: 1, HotMedian: 3}
-	got := c
-	got.Converged = Summary{}
-	if got != want {
-		t.Errorf("convergence %+v, want %+v", c, want)
-	}
-	if c.Converged.Keys != 1 || c.Converged.Max != 3 {
-		t.Errorf("converged keys %+v, want the hot one at 3 s", c.Converged)
-	}
-	for _, tt := range []struct {
-		vals  []float64
-		n     int
-		want  float64
-		never bool
-	}{{nil, 0, 0, false}, {[]float64{1, 2}, 2, 1.5, false}, {[]float64{1, 2}, 3, 2, false},
-		{[]float64{1, 2}, 4, 0, true}, {[]float64{1}, 1, 1, false}, {nil, 1, 0, true}} {
-		if m, never := median(tt.vals, tt.n); m != tt.want || never != tt.never {
-			t.Errorf("median(%v, %d) = %v, %v; want %v, %v", tt.vals, tt.n, m, never, tt.want, tt.never)
-		}
-	}
+	return s.Result("test", time.Second).Convergence
 }

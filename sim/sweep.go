@@ -77,12 +77,18 @@ type Cell struct {
 	// whose median is "never", and NeverKeys the keys per seed that never
 	// converged out of ConvergenceKeys. Hot* are the same over the keys
 	// the oracle admits at 400/s or more.
+	// ConvergenceRuns and HotRuns count the seeds that measured a key at
+	// all (a key whose windows do not fit 5 times after the shift is not
+	// measurable: Convergence.Unmeasurable); without any there is no
+	// convergence to show.
 	Convergence      Stat `json:"convergence_s"`
 	ConvergenceNever int  `json:"convergence_never_seeds"`
+	ConvergenceRuns  int  `json:"convergence_seeds"`
 	NeverKeys        Stat `json:"never_converged_keys"`
 	ConvergenceKeys  int  `json:"convergence_keys"`
 	HotConvergence   Stat `json:"hot_convergence_s"`
 	HotNever         int  `json:"hot_convergence_never_seeds"`
+	HotRuns          int  `json:"hot_convergence_seeds"`
 	Disagreement     Stat `json:"disagreement"`
 	Messages         Stat `json:"messages_per_key_region_s"`
 	Bytes            Stat `json:"bytes_per_key_region_s"`
@@ -204,10 +210,12 @@ func Sweep(sc *Scenario, opt Options) (*Report, error) {
 		cell.OABudget = stat(rs, func(r *Result) float64 { return r.OABudget.Mean })
 		cell.PeakP99 = stat(rs, func(r *Result) float64 { return r.Windows[0].Peak.P99 })
 		cell.Fairness = stat(rs, func(r *Result) float64 { return r.Windows[0].Fairness.Mean })
-		cell.Convergence, cell.ConvergenceNever = medianStat(rs, func(c *Convergence) (float64, bool) { return c.Median, c.MedianNever })
-		cell.HotConvergence, cell.HotNever = medianStat(rs, func(c *Convergence) (float64, bool) { return c.HotMedian, c.HotMedianNever })
+		cell.Convergence, cell.ConvergenceNever, cell.ConvergenceRuns = medianStat(rs, func(c *Convergence) (float64, bool, int) { return c.Median, c.MedianNever, c.Keys })
+		cell.HotConvergence, cell.HotNever, cell.HotRuns = medianStat(rs, func(c *Convergence) (float64, bool, int) { return c.HotMedian, c.HotMedianNever, c.HotKeys })
 		cell.NeverKeys = stat(rs, func(r *Result) float64 { return float64(r.Convergence.Never) })
-		cell.ConvergenceKeys = rs[0].Convergence.Keys
+		for _, r := range rs {
+			cell.ConvergenceKeys = max(cell.ConvergenceKeys, r.Convergence.Keys)
+		}
 		cell.Disagreement = stat(rs, func(r *Result) float64 { return r.Disagreement })
 		cell.Messages = stat(rs, func(r *Result) float64 { return r.Messages })
 		cell.Bytes = stat(rs, func(r *Result) float64 { return r.Bytes })
@@ -247,18 +255,27 @@ func stat(rs []*Result, f func(*Result) float64) Stat {
 }
 
 // medianStat is stat over the runs whose convergence median f gives is a
-// time, and how many runs' median is "never".
-func medianStat(rs []*Result, f func(*Convergence) (float64, bool)) (Stat, int) {
+// time, how many runs' median is "never", and how many runs measured a key
+// at all (f's third value: the keys measured; a run with none has no
+// median and counts in neither).
+func medianStat(rs []*Result, f func(*Convergence) (float64, bool, int)) (s Stat, never, runs int) {
 	var timed []*Result
 	for _, r := range rs {
-		if _, never := f(&r.Convergence); !never {
+		_, nv, keys := f(&r.Convergence)
+		switch {
+		case keys == 0:
+			continue
+		case nv:
+			never++
+		default:
 			timed = append(timed, r)
 		}
+		runs++
 	}
 	if len(timed) == 0 {
-		return Stat{}, len(rs)
+		return Stat{}, never, runs
 	}
-	return stat(timed, func(r *Result) float64 { m, _ := f(&r.Convergence); return m }), len(rs) - len(timed)
+	return stat(timed, func(r *Result) float64 { m, _, _ := f(&r.Convergence); return m }), never, runs
 }
 
 // recommend picks, among Meridian's strategies (not the baselines), the
@@ -307,15 +324,18 @@ func (rep *Report) conv(c Cell) string {
 	if rep.Shift == 0 {
 		return "-"
 	}
+	if c.ConvergenceRuns == 0 {
+		return "- (no key measurable)"
+	}
 	s := num(c.Convergence, 1)
 	switch {
-	case c.ConvergenceNever == c.Seeds:
+	case c.ConvergenceNever == c.ConvergenceRuns:
 		s = "never"
 	case c.ConvergenceNever > 0:
-		s += fmt.Sprintf(", never in %d/%d seeds", c.ConvergenceNever, c.Seeds)
+		s += fmt.Sprintf(", never in %d/%d seeds", c.ConvergenceNever, c.ConvergenceRuns)
 	}
 	if c.NeverKeys.Mean > 0 {
-		s += fmt.Sprintf(" (%s/%d keys never)", strconv.FormatFloat(c.NeverKeys.Mean, 'f', -1, 64), c.ConvergenceKeys)
+		s += fmt.Sprintf(" (%s/%d keys never)", strconv.FormatFloat(math.Round(10*c.NeverKeys.Mean)/10, 'f', -1, 64), c.ConvergenceKeys)
 	}
 	return s
 }
@@ -355,7 +375,7 @@ func (rep *Report) WriteCSV(w io.Writer) error {
 		"never_converged_keys", "hot_convergence_s"} {
 		head = append(head, n, n+"_ci95")
 	}
-	head = append(head, "convergence_keys", "convergence_never_seeds", "hot_convergence_never_seeds")
+	head = append(head, "convergence_keys", "convergence_seeds", "convergence_never_seeds", "hot_convergence_seeds", "hot_convergence_never_seeds")
 	if err := cw.Write(head); err != nil {
 		return err
 	}
@@ -366,7 +386,8 @@ func (rep *Report) WriteCSV(w io.Writer) error {
 			c.Disagreement, c.Messages, c.Bytes, c.NeverKeys, c.HotConvergence} {
 			row = append(row, f(s.Mean), f(s.CI95))
 		}
-		row = append(row, strconv.Itoa(c.ConvergenceKeys), strconv.Itoa(c.ConvergenceNever), strconv.Itoa(c.HotNever))
+		row = append(row, strconv.Itoa(c.ConvergenceKeys), strconv.Itoa(c.ConvergenceRuns), strconv.Itoa(c.ConvergenceNever),
+			strconv.Itoa(c.HotRuns), strconv.Itoa(c.HotNever))
 		if err := cw.Write(row); err != nil {
 			return err
 		}

@@ -71,6 +71,9 @@ func readTrace(path string, r io.Reader, sc *Scenario) (*Trace, error) {
 	if t.lines == 0 {
 		return nil, errors.New("trace: no lines")
 	}
+	if sc.Keys.Migrations != nil {
+		return nil, errors.New("trace: the scenario's keys.migrations would move nothing: a trace gives each request's region itself (leave migrations out)")
+	}
 	// A run over the trace ends at its last second (NewRun); one that
 	// ends within the warm-up would measure nothing and still print a
 	// table of zeros and a recommendation.

@@ -137,7 +137,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	start := time.Now()
 	if isTerminal(stderr) {
 		opt.Progress = func(done, total int) {
-			fmt.Fprintf(stderr, "\r%s", progressLine(done, total, time.Since(start)))
+			// \r and erase the line: a shorter line leaves nothing behind.
+			fmt.Fprintf(stderr, "\r\x1b[K%s", progressLine(done, total, time.Since(start)))
 			if done == total {
 				fmt.Fprintln(stderr)
 			}
@@ -285,8 +286,7 @@ func peakRSS() string {
 
 // progressLine is a sweep's progress bar after done of total runs in
 // elapsed: the runs, the time so far and, while runs remain, an estimate
-// of the time left (the runs so far took that long each; padded so a
-// shorter line overwrites a longer one).
+// of the time left (the runs so far took that long each).
 func progressLine(done, total int, elapsed time.Duration) string {
 	const width = 30
 	fill := width * done / max(total, 1)
@@ -295,5 +295,5 @@ func progressLine(done, total int, elapsed time.Duration) string {
 		left := time.Duration(float64(elapsed) / float64(done) * float64(total-done))
 		s += fmt.Sprintf(", about %s left", left.Round(time.Second))
 	}
-	return s + "    "
+	return s
 }

@@ -96,9 +96,9 @@ func TestProgressLine(t *testing.T) {
 		elapsed     time.Duration
 		want        string
 	}{
-		{0, 8, 0, "[                              ] 0/8 runs, 0s    "},
-		{2, 8, 30 * time.Second, "[#######                       ] 2/8 runs, 30s, about 1m30s left    "},
-		{8, 8, 2 * time.Minute, "[##############################] 8/8 runs, 2m0s    "},
+		{0, 8, 0, "[                              ] 0/8 runs, 0s"},
+		{2, 8, 30 * time.Second, "[#######                       ] 2/8 runs, 30s, about 1m30s left"},
+		{8, 8, 2 * time.Minute, "[##############################] 8/8 runs, 2m0s"},
 	} {
 		if got := progressLine(tt.done, tt.total, tt.elapsed); got != tt.want {
 			t.Errorf("progressLine(%d, %d, %s) = %q, want %q", tt.done, tt.total, tt.elapsed, got, tt.want)
