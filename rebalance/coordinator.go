@@ -389,9 +389,27 @@ func (c *Coordinator) Term() uint64 { return c.term }
 // are covered as soon as memberlist lists an agent in each and it
 // acknowledges.
 func (c *Coordinator) everyRegionAcked() bool {
+	return c.everyRegion(func(k agentKey) bool { return c.acked(k, c.term, c.learnEpoch) })
+}
+
+// everyRegionReported reports whether every region has a member with a
+// fresh report. A first term waits for it too (bounded, like the
+// acknowledgements, by its lease plus MaxSkew): its first rebalance would
+// otherwise give a region whose first report is still on the way nothing
+// but its floor — and take it back one transition later (issue 18: a
+// fresh cluster's home region ran a hot key at its floor for the first
+// 7 s, its neighbours at half the key each). A live agent reports within
+// Δ of acknowledging, so this adds at most about Δ.
+func (c *Coordinator) everyRegionReported(now int64) bool {
+	return c.everyRegion(func(k agentKey) bool { a := c.agents[k]; return a != nil && c.fresh(a, now) })
+}
+
+// everyRegion reports whether every region has a member for which ok
+// holds.
+func (c *Coordinator) everyRegion(ok func(agentKey) bool) bool {
 	covered := make([]bool, c.nR)
 	for k := range c.members {
-		if c.acked(k, c.term, c.learnEpoch) {
+		if ok(k) {
 			covered[c.ridx[k.region]] = true
 		}
 	}
@@ -857,7 +875,7 @@ func (c *Coordinator) Tick(now int64) {
 				}
 			}
 			if done && c.firstTerm {
-				done = c.everyRegionAcked()
+				done = c.everyRegionAcked() && c.everyRegionReported(now)
 			}
 		}
 		if done {

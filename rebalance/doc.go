@@ -304,7 +304,11 @@
 // is a new cluster's (whose agents acknowledge at once) or a candidate's
 // restarted cold while the bucket was lost, whose election in the
 // recreated bucket restarts at term 1 below the tables the other agents
-// run — they refuse its tables and never acknowledge them.
+// run — they refuse its tables and never acknowledge them. It also waits
+// until every region has a member with a fresh report (within the same
+// bound; a live agent reports within about Δ): a first rebalance without a
+// region's demand would give that region only its floor and hand its share
+// back one transition later.
 //
 // A term after the first with no stored table to start from — the bucket
 // was lost, its head could not be verified, or it was a replay of a table
