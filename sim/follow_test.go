@@ -51,18 +51,7 @@ workload: {rate: 1200}
 					if got[k] >= 0 || r.now < mv.t {
 						continue
 					}
-					rg := r.regions[mv.to]
-					low := int64(1 << 62)
-					for a, n := range rg.nodes {
-						rule := n.Policy().Rules()[k]
-						s := n.ScheduleAt(rule, r.keys[k].name, rg.nodeNow(a, r.now))
-						l := s.Current.Limit
-						if s.HasPrevious && r.now+rg.skew < s.Current.Effective {
-							l = s.Previous.Limit
-						}
-						low = min(low, shareOfLimit(rule.Limit, l))
-					}
-					if low >= 800_000 {
+					if lowestShare(r, mv.to, k) >= 800_000 {
 						got[k] = r.now
 					}
 				}

@@ -100,19 +100,7 @@ faults:
 					if got[k] >= 0 || first[k] < 0 {
 						continue
 					}
-					ri := home(k)
-					rg := r.regions[ri]
-					low := int64(1 << 62)
-					for a, n := range rg.nodes {
-						rule := n.Policy().Rules()[k]
-						s := n.ScheduleAt(rule, r.keys[k].name, rg.nodeNow(a, r.now))
-						l := s.Current.Limit
-						if s.HasPrevious && r.now+rg.skew < s.Current.Effective {
-							l = s.Previous.Limit
-						}
-						low = min(low, shareOfLimit(rule.Limit, l))
-					}
-					if low >= 500_000 {
+					if lowestShare(r, home(k), k) >= 500_000 {
 						got[k] = r.now
 					}
 				}
@@ -146,4 +134,23 @@ faults:
 			t.Logf("Δ %v (Fence %v, MaxSkew %v): back from idle to ≥ 50 %% at home in %v (worst %v = %.1fΔ; bound %v)", dt, fence, skew, took, worst, float64(worst)/float64(dt), bound)
 		})
 	}
+}
+
+// lowestShare is the smallest part of key k's budget (ppm) that any agent
+// of region ri runs it at now, by the schedule its node would decide it
+// under (on the store's clock: the previous limit until the current one
+// takes effect there).
+func lowestShare(r *Run, ri, k int) int64 {
+	rg := r.regions[ri]
+	low := int64(1 << 62)
+	for a, n := range rg.nodes {
+		rule := n.Policy().Rules()[k]
+		s := n.ScheduleAt(rule, r.keys[k].name, rg.nodeNow(a, r.now))
+		l := s.Current.Limit
+		if s.HasPrevious && r.now+rg.skew < s.Current.Effective {
+			l = s.Previous.Limit
+		}
+		low = min(low, shareOfLimit(rule.Limit, l))
+	}
+	return low
 }
