@@ -238,6 +238,10 @@ type tCluster struct {
 	// stores: per region, the one store its agents decide on (a region's
 	// Redis), kept across an agent's restart.
 	stores map[string]*memstore.Store
+	// shipped runs the coordinator settings an operator gets by default
+	// (lease, skew, fence, strategy, hysteresis, election TTL) instead of
+	// the tests' short ones; set it, and interval, before starting agents.
+	shipped bool
 }
 
 func newTCluster(t testing.TB) *tCluster {
@@ -290,6 +294,12 @@ func (c *tCluster) config(regionName string) *agent.Config {
 			Strategy: "proportional", Hysteresis: 1000, ElectionTTL: agent.Duration(tTTL)},
 	}
 	cfg.ReserveMaxWait = agent.Duration(tFence) // a booking must act within the fence
+	if c.shipped {
+		def := agent.DefaultConfig().Cluster.Coordinator
+		cfg.Cluster.Coordinator.Lease, cfg.Cluster.Coordinator.MaxSkew, cfg.Cluster.Coordinator.Fence = def.Lease, def.MaxSkew, def.Fence
+		cfg.Cluster.Coordinator.Strategy, cfg.Cluster.Coordinator.Hysteresis, cfg.Cluster.Coordinator.ElectionTTL = def.Strategy, def.Hysteresis, def.ElectionTTL
+		cfg.ReserveMaxWait = agent.DefaultConfig().ReserveMaxWait
+	}
 	if u, ok := c.natsUser[regionName]; ok {
 		cfg.Cluster.NATS.User, cfg.Cluster.NATS.PasswordFile = u[0], u[1]
 	}
@@ -652,6 +662,42 @@ func TestClusterShift(t *testing.T) {
 	// region within 2Δ + 1 s (reported, not asserted: see above).
 	t.Logf("ap took over acme's budget %v and %d tables after the shift (the core's bound: %d tables on an idle machine; issue 18's target 2Δ + 1 s = %v)",
 		took, n, bound, 2*tΔ+time.Second)
+	if n := c.log.check(t); n == 0 {
+		t.Fatal("no share changes logged")
+	}
+}
+
+// TestClusterShiftShipped is issue 18's must-hold 4: the move of
+// TestClusterShift — a 100/s tenant's traffic goes from eu to ap — on a
+// cluster running the shipped coordinator settings (Δ 2 s, fence 2 s, max
+// skew 500 ms, lease 30 s, the default strategy and hysteresis). It
+// reports the time until ap holds 80 % of the tenant's budget against the
+// issue's target of 2Δ + 1 s, polled with a deadline that only guards
+// against a cluster that never converges, and checks the merged log of
+// every agent's shares never sums above 10⁶.
+func TestClusterShiftShipped(t *testing.T) {
+	c := newTCluster(t)
+	c.shipped, c.interval = true, 2*time.Second
+	if err := os.WriteFile(filepath.Join(c.dir, "policy.yaml"), []byte(strings.Replace(tPolicy,
+		"requests_per_unit: 1000, burst: 100", "requests_per_unit: 100, burst: 20", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.startAll()
+	c.leader(30*time.Second, "")
+	key := keyOf("acme")
+	eu := c.offer("eu", "acme", 200)
+	waitFor(t, 60*time.Second, "eu holding most of acme's budget", func() bool {
+		s, _ := c.agents["eu"].share(key)
+		return s > 700_000
+	})
+	eu.end()
+	ap := c.offer("ap", "acme", 200)
+	defer ap.end()
+	took := waitFor(t, 60*time.Second, "ap holding 80 % of acme's budget", func() bool {
+		s, _ := c.agents["ap"].share(key)
+		return s >= 800_000
+	})
+	t.Logf("shipped settings: ap held 80 %% of the 100/s tenant's budget %v after the move (issue 18's target 2Δ + 1 s = %v)", took, 2*c.interval+time.Second)
 	if n := c.log.check(t); n == 0 {
 		t.Fatal("no share changes logged")
 	}
