@@ -994,10 +994,10 @@ func (r *Run) handle(e *event) error {
 			x -= w
 		}
 		if ri == k.home && len(k.moves) > 0 {
-			// Traffic for the key's first home arrives where the key
-			// lives now. (A region's weight share of its traffic
-			// moves with it: a key with home_fraction 1 lives in one
-			// region at a time.)
+			// Traffic offered in the key's first home (its home share
+			// and that region's part of the spread) arrives where the
+			// key lives now: with home_fraction 1 a key lives in one
+			// region at a time.
 			ri = r.homeAt(i, e.t)
 		}
 		r.arrive(i, r.route(ri, e.t), r.cost(), 0)

@@ -144,12 +144,13 @@ type KeysSpec struct {
 	HomeFraction float64 `yaml:"home_fraction"`
 	// Migrations move each key's home: between Min and Max times (drawn
 	// uniformly per key), at instants uniform over the measured part of
-	// the run, each time to another region drawn by weight. The traffic
-	// the key's home would get arrives in its new home from then on (drawn
+	// the run, each time to another region drawn by weight. Everything
+	// offered in the key's first home — its home share and that region's
+	// part of the spread — arrives in its current home from then on (drawn
 	// with the first home's multipliers: follow_the_sun's phase and flash
-	// crowds stay where they were); the part spread by weight does not
-	// move. A trace gives each request's region, so it cannot be combined
-	// with migrations.
+	// crowds stay where they were); what is spread over the other regions
+	// stays there. A trace gives each request's region, so it cannot be
+	// combined with migrations.
 	Migrations *MigrationSpec `yaml:"migrations,omitempty"`
 }
 
