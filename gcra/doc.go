@@ -32,11 +32,22 @@
 // refill rate, never tokens). Booked reservations stay booked as debt, and
 // the debt keeps at least its length in time: the booked requests are
 // served at the slots they were given, so new bookings under a faster limit
-// start after the last of them. A key with no state holds the previous
-// limit's full burst at the change; state older than the previous change
+// start after the last of them, also through a zero limit (which holds no
+// tokens but keeps the slots booked past the change: a state older than a
+// zero previous limit is a sibling agent's, written under the same
+// version's other epoch slot while this agent ran the key reduced). State
+// older than the previous change
 // counts as empty at that change — or as its stored TAT if that is later,
 // so that slots it booked are not forgotten — and refills at the previous
-// limit's rate. State written under a newer epoch than the
+// limit's rate; so does a key with no state (a version in force since time
+// 0, Steady's or a cold key's, has always been in force: a key with no
+// state is full under it). A key with no state used to hold the previous
+// limit's full burst at the change — wrong when the previous limit had
+// itself replaced a smaller one less than a window before (the zero limit,
+// a floor): a region handed a unit of burst by one table and a rate by the
+// next then held a token the budget had spent in another region (issue 18;
+// the simulator's explorer found OA_budget 0.7 % of a key with no fault at
+// all). Releases before this one still read it so. State written under a newer epoch than the
 // caller knows is used as stored and keeps its tag: it is never converted
 // back. Conversions round credit down and debt up, so the available tokens
 // of a key never rise at a transition. A conversion that would carry a
@@ -47,16 +58,18 @@
 // # Dropping rested keys
 //
 // A store may drop a key once its state's Rested time has passed (Redis
-// expires it, memstore sweeps it): from then on a missing key never holds
-// more than the state would. Rested is the TAT, unless the write happened
-// under the previous limit of a change still pending and the key will still
-// be refilling at the change; then it is the later of the TAT and the
-// converted TAT, so a key short of tokens at a rate cut cannot expire and
-// come back with the previous limit's full burst. What this cannot cover is
-// a change the writer did not know of yet: a key written before its region
-// learned of a change, still refilling at the change, and not touched again
-// before it expires, comes back holding min(previous burst, new burst) at the
-// change — at most one burst per key per change. Announcing each change at
+// expires it, memstore sweeps it): from then on a missing key holds what
+// the state would. Rested is the later of the TAT and one window past the
+// change to the version it was written under (a missing key counts as
+// empty at that change); and when the write happened under the previous
+// limit of a change still pending and the key will still be refilling at
+// the change, also the converted TAT, so a key short of tokens at a rate
+// cut cannot expire and come back with the previous limit's full burst.
+// What this cannot cover is a change the writer did not know of yet: a key
+// written before its region learned of a change, still refilling at the
+// change, and not touched again before it expires, comes back holding what
+// a key with no state holds there, up to min(previous burst, new burst) —
+// at most one burst per key per change. Announcing each change at
 // least one previous window (Burst·T) before its effective time removes it.
 //
 // # Stored state

@@ -656,6 +656,16 @@ func TestDecideLimitChange(t *testing.T) {
 			true, 9, 0, 100 * time.Millisecond, tagged(ta+2*s+100*ms, ae)},
 		{"no state: zero previous holds nothing", gcra.Limit{}, fast, 0, gcra.State{}, ta + 250*ms, 0,
 			true, 2, 0, 750 * time.Millisecond, gcra.State{}},
+		// Issue 18 (fails on 1783ef8, which gave it slow's full 4 tokens):
+		// slow took over only 300 ms before, so a key with no state was
+		// empty then and holds 1.5 tokens at ta, 150 ms of fast's credit.
+		{"no state: empty at the previous change", slow, fast, ta - 300*ms, gcra.State{}, ta, 0,
+			true, 1, 0, 850 * time.Millisecond, gcra.State{}},
+		// Issue 18 (fails on 1783ef8, which forgot the booked 500 ms): a
+		// sibling's state booked past the change, read through a zero
+		// previous limit (this agent ran the version reduced).
+		{"older epoch through a zero limit: booked slots keep their times", gcra.Limit{}, fast, ta - 300*ms, tagged(ta+500*ms, 0), ta, 1,
+			false, 0, 600 * time.Millisecond, 1500 * time.Millisecond, gcra.State{}},
 		// Booked 2 past the window under slow: 400 ms of booked slots. Under
 		// fast they keep their times (not 2 tokens × 100 ms): the next
 		// booking starts after them.

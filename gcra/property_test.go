@@ -442,37 +442,52 @@ func TestPropertyLimitChangeKeepsTokens(t *testing.T) {
 	})
 }
 
-// TestPropertyLimitChangeNoState: a key with no state holds the previous
-// limit's full burst at the change — min(Burst_p, Burst_a) under a, exactly
-// — or nothing when the previous limit was zero.
+// TestPropertyLimitChangeNoState: a key with no state reads exactly as a
+// state older than the previous version does — empty at the previous
+// change, refilled under the previous limit, converted at the current
+// change (so never more than min(Burst_p, Burst_a) under a) — or holds
+// nothing when the previous limit was zero; before the change, it is
+// empty at the previous change and refills under the previous limit.
+//
+// Fails on 1783ef8: a missing key held the previous limit's full burst at
+// the change however recently the previous limit itself took over — from
+// the zero limit or a floor, say — which gave a region a unit of burst the
+// budget had spent elsewhere (explorer schedule 266 of seed 1 with the
+// fence at 1 s: OA_budget 0.7 % of a key with no fault at all).
 func TestPropertyLimitChangeNoState(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		c := genChange(t)
 		zeroPrev := rapid.Bool().Draw(t, "zeroPrev")
-		wantR := c.a.IntervalMicros() * max(c.a.Burst()-c.p.Burst(), 0)
 		if zeroPrev {
 			c.sch.Previous.Limit = gcra.Limit{}
-			wantR = c.windowA
-		} else {
-			tokensBound(t, "no state", c.p, c.a, c.windowP, c.ta, peekReset(t, gcra.State{}, c.ta, &c.sch, c.a))
 		}
-		if got := peekReset(t, gcra.State{}, c.ta, &c.sch, c.a); got != wantR {
-			t.Fatalf("no state at the change: TAT ta+%d, want ta+%d (tokens min(%d, %d))", got, wantR, c.p.Burst(), c.a.Burst())
+		older := gcra.State{TAT: c.pEff, Epoch: gcra.EpochTag(c.pe - 1), Exists: true}
+		R := peekReset(t, gcra.State{}, c.ta, &c.sch, c.a)
+		if want := peekReset(t, older, c.ta, &c.sch, c.a); R != want {
+			t.Fatalf("no state at the change: TAT ta+%d, want ta+%d as a state older than the previous version", R, want)
+		}
+		switch {
+		case zeroPrev:
+			if R != c.windowA {
+				t.Fatalf("no state after a zero limit: TAT ta+%d, want ta+%d (empty)", R, c.windowA)
+			}
+		default:
+			creditP := c.windowP - max(c.pEff+c.windowP-c.ta, 0)
+			tokensBound(t, "no state", c.p, c.a, creditP, c.ta, R)
 		}
 		delta := rapid.Int64Range(0, 2*c.windowA).Draw(t, "later")
-		if got := peekReset(t, gcra.State{}, c.ta+delta, &c.sch, c.a); got != max(wantR-delta, 0) {
-			t.Fatalf("no state at ta+%d: reset %d, want %d", delta, got, max(wantR-delta, 0))
+		if got, want := peekReset(t, gcra.State{}, c.ta+delta, &c.sch, c.a), peekReset(t, older, c.ta+delta, &c.sch, c.a); got != want || got != max(R-delta, 0) {
+			t.Fatalf("no state at ta+%d: reset %d, want %d (older state %d)", delta, got, max(R-delta, 0), want)
 		}
 		next, write, r, _ := gcra.Decide(gcra.State{}, c.ta+delta, &c.sch, 1)
 		if r.Allowed && (!write || next.Epoch != gcra.EpochTag(c.ae)) {
 			t.Fatalf("no state: admitted write %v %+v, want current tag %d", write, next, gcra.EpochTag(c.ae))
 		}
-		// Before the change: a rested key under the previous limit.
+		// Before the change: empty at the previous change, refilling.
 		if !zeroPrev && c.pEff < c.ta {
 			before := rapid.Int64Range(c.pEff, c.ta-1).Draw(t, "before")
-			_, _, r, _ := gcra.Decide(gcra.State{}, before, &c.sch, 0)
-			if r.Limit != c.p || r.Remaining != c.p.Burst() || r.ResetAfter != 0 {
-				t.Fatalf("no state before the change: %+v, want the previous limit's full burst", r)
+			if got, want := peekReset(t, gcra.State{}, before, &c.sch, c.p), max(c.pEff+c.windowP-before, 0); got != want {
+				t.Fatalf("no state before the change: reset %d, want %d (empty at the previous change)", got, want)
 			}
 		}
 	})
@@ -754,7 +769,7 @@ func TestPropertyDroppedAfterRestedNeverGains(t *testing.T) {
 			at = max(at, now)
 			_, _, kept, _ := gcra.Decide(st, at, &sch, 0)
 			_, _, dropped, _ := gcra.Decide(gcra.State{}, at, &sch, 0)
-			if dropped.Remaining > kept.Remaining || dropped.ResetAfter < kept.ResetAfter {
+			if dropped.Remaining != kept.Remaining || dropped.ResetAfter != kept.ResetAfter {
 				t.Fatalf("at %d (Rested %d, change at %d): dropped key holds %d (reset %v), kept state %d (reset %v); state %+v",
 					at, st.Rested, ta, dropped.Remaining, dropped.ResetAfter, kept.Remaining, kept.ResetAfter, st)
 			}

@@ -111,24 +111,41 @@ func (s *Schedule) resolve(st State, now int64) (*Version, int64) {
 	if now >= s.Current.Effective {
 		return &s.Current, tatUnder(st, now, &s.Current, &s.Previous, true)
 	}
+	if !st.Exists {
+		// No state under a version that replaced another: empty at its
+		// change, as a state older than it is, not rested — what the key
+		// held before is not known, and the version before may have held
+		// less (see tatUnder).
+		return &s.Previous, max(filledFrom(&s.Previous), now)
+	}
 	return &s.Previous, tatUnder(st, now, &s.Previous, nil, false)
 }
 
 // written is the state to store after an admission moved the TAT to tat
 // under version v: tagged with v's epoch (or the stored, newer one: state is
-// never converted back) and with Rested covering a change still pending.
+// never converted back) and with Rested covering what a missing key would
+// be read as instead.
+//
+// A missing key counts as empty at the change to the earliest version its
+// schedule names (tatUnder), so a state outlives one window of the version
+// it was written under (v's effective time plus Burst·T): dropped sooner,
+// it would come back holding less than it does. Written under the previous
+// limit of a change still pending, and still refilling (or not yet a
+// window past its version's change) when the current limit takes over, it
+// also outlives its TAT converted to the current limit — dropped sooner,
+// it would come back with more or less than that. Rested by then, a
+// missing key holds exactly what the state would.
 func (s *Schedule) written(st State, v *Version, tat int64) State {
 	tag := EpochTag(v.Epoch)
 	if st.Exists && newer(st.Epoch, tag) {
 		tag = st.Epoch
 	}
 	rested := tat
-	if c := &s.Current; v == &s.Previous && tat > c.Effective {
-		// The key is still refilling when the current limit takes over: it
-		// must outlive its converted TAT too, or, once dropped, it would come
-		// back with the previous limit's full burst. (Rested by the change,
-		// a missing key holds exactly what it would.)
-		rested = max(rested, convert(tat, v.Limit, c.Limit, c.Effective))
+	if tag == EpochTag(v.Epoch) {
+		rested = max(rested, filledFrom(v))
+	}
+	if c := &s.Current; v == &s.Previous && rested > c.Effective {
+		rested = max(rested, convert(rested, v.Limit, c.Limit, c.Effective))
 	}
 	return State{TAT: tat, Rested: rested, Epoch: tag, Exists: true}
 }
@@ -149,8 +166,12 @@ func newer(a, b uint64) bool {
 //   - st older than p (or than a, with no p): empty at the previous change
 //     (a's own effective time, with no p) or its stored TAT if later,
 //     converted to a at a's.
-//   - no state: p's full burst at the change, converted to a; with no p,
-//     rested.
+//   - no state: as a state older than p — empty at p's own change, refilled
+//     under p, converted to a at a's (issue 18: "p's full burst at the
+//     change" gave a key p's whole burst when p had replaced a smaller
+//     limit less than p's window before, the zero limit or a floor: a
+//     unit of burst moved to a region created a token the budget had
+//     already spent elsewhere); with no p, rested.
 func tatUnder(st State, now int64, a, p *Version, hasP bool) int64 {
 	ta := a.Effective
 	tag := EpochTag(a.Epoch)
@@ -174,7 +195,18 @@ func tatUnder(st State, now int64, a, p *Version, hasP bool) int64 {
 	if !hasP {
 		return now
 	}
-	return convert(ta, p.Limit, a.Limit, ta)
+	return convert(max(filledFrom(p), ta), p.Limit, a.Limit, ta)
+}
+
+// filledFrom is the TAT of a key with no state under v: empty at v's
+// change, so full one window (Burst·T) after it — or full from the start
+// for a version in force since time 0 (Steady's, a cold key's), which
+// has always been in force.
+func filledFrom(v *Version) int64 {
+	if v.Effective <= 0 {
+		return 0
+	}
+	return emptyAt(v.Limit, v.Effective)
 }
 
 // emptyAt is the TAT of a key with no tokens left at t under l.
@@ -210,7 +242,16 @@ func convert(tat int64, p, a Limit, ta int64) int64 {
 	}
 	full := a.burst * a.t
 	if !p.usable() {
-		return ta + full // p held nothing
+		// p held nothing; slots booked past ta keep their times (a state
+		// older than a zero limit is a sibling's, written under the same
+		// version's other epoch slot while this agent ran it reduced:
+		// forgetting its bookings let two agents of one region book one
+		// slot — explorer schedule 81950 of seed 1, OA_budget 0.6 %).
+		d := max(tat-ta, 0)
+		if d >= MaxTAT-ta-full {
+			return MaxTAT
+		}
+		return ta + full + d
 	}
 	d := max(tat-ta, 0)
 	credit := p.burst*p.t - d // µs of credit under p; negative is debt

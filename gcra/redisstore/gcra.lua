@@ -108,7 +108,13 @@ end
 local function convert(tat, pT, pB, aT, aB, ta)
   if aT == 0 then return tat end
   local full = aB * aT
-  if pT == 0 then return ta + full end
+  if pT == 0 then
+    -- p held nothing; slots booked past ta keep their times.
+    local b = tat - ta
+    if b < 0 then b = 0 end
+    if b >= MAXTAT - ta - full then return MAXTAT end
+    return ta + full + b
+  end
   local d = tat - ta
   if d < 0 then d = 0 end
   local credit = pB * pT - d
@@ -137,6 +143,13 @@ local function emptyat(T, B, t)
   return t + B * T
 end
 
+-- gcra.filledFrom: a key with no state under a version is empty at its
+-- change (full from the start for one in force since time 0).
+local function filledfrom(T, B, eff)
+  if eff <= 0 then return 0 end
+  return emptyat(T, B, eff)
+end
+
 -- gcra.tatUnder: the TAT the stored state stands for under version a.
 local function tatunder(exists, tat, tag, aT, aB, aTag, aEff, hasP, pT, pB, pTag, pEff)
   if exists then
@@ -149,7 +162,10 @@ local function tatunder(exists, tat, tag, aT, aB, aTag, aEff, hasP, pT, pB, pTag
     return convert(math.max(emptyat(pT, pB, pEff), tat), pT, pB, aT, aB, aEff)
   end
   if not hasP then return now end
-  return convert(aEff, pT, pB, aT, aB, aEff)
+  -- No state: as a state older than p (empty at p's change).
+  local f = filledfrom(pT, pB, pEff)
+  if f < aEff then f = aEff end
+  return convert(f, pT, pB, aT, aB, aEff)
 end
 
 local function remaining(T, B, tat)
@@ -265,15 +281,21 @@ local function loadcheck(i, n)
     if not (exists and stag == cTag) then
       tat = tatunder(exists, tat, stag, cT, cB, cTag, cEff, false, 0, 0, 0, 0)
     end
-    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff
+    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff, cEff
   end
   local pT, pB, pTag, pEff = S[b + 6], S[b + 7], S[b + 8], S[b + 9]
   if now >= cEff then
     tat = tatunder(exists, tat, stag, cT, cB, cTag, cEff, true, pT, pB, pTag, pEff)
-    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff
+    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff, cEff
   end
-  tat = tatunder(exists, tat, stag, pT, pB, pTag, pEff, false, 0, 0, 0, 0)
-  return true, key, n, pT, pB, pTag, 1, tat, exists, stag, cT, cB, cEff
+  if exists then
+    tat = tatunder(exists, tat, stag, pT, pB, pTag, pEff, false, 0, 0, 0, 0)
+  else
+    -- No state under a version that replaced another: empty at its change.
+    tat = filledfrom(pT, pB, pEff)
+    if tat < now then tat = now end
+  end
+  return true, key, n, pT, pB, pTag, 1, tat, exists, stag, cT, cB, cEff, pEff
 end
 
 -- step is GCRA on one resolved check; maxWait < 0 means a plain decision.
@@ -297,13 +319,18 @@ local function step(T, B, tat, n, maxWait)
 end
 
 -- write stores a TAT written under version ver (see gcra.Schedule.written).
-local function write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff)
-  if exists and newer(stag, tag) then tag = stag end
-  -- gcra.State.Rested: a key still refilling when a pending change takes
-  -- over must outlive its converted TAT too.
+local function write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff, vEff)
+  -- gcra.Schedule.written: a state outlives one window of its version, and
+  -- one still refilling when a pending change takes over its converted TAT.
   local rested = nxt
-  if ver == 1 and nxt > cEff then
-    local conv = convert(nxt, T, B, cT, cB, cEff)
+  if exists and newer(stag, tag) then
+    tag = stag
+  else
+    local e = filledfrom(T, B, vEff)
+    if e > rested then rested = e end
+  end
+  if ver == 1 and rested > cEff then
+    local conv = convert(rested, T, B, cT, cB, cEff)
     if conv > rested then rested = conv end
   end
   local val
@@ -327,13 +354,13 @@ for _ = 1, nops do
     if kind == 2 then
       maxWait = int()
     end
-    local ok, key, n, T, B, tag, ver, tat, exists, stag, cT, cB, cEff = loadcheck(idx, n)
+    local ok, key, n, T, B, tag, ver, tat, exists, stag, cT, cB, cEff, vEff = loadcheck(idx, n)
     if not ok then
       emit(key or 3, 0, 0, 0)
       if maxWait >= 0 then no = no + 1; out[no] = 0 end
     else
       local code, rem, retry, reset, wait, nxt = step(T, B, tat, n, maxWait)
-      if nxt then write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff) end
+      if nxt then write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff, vEff) end
       emit(code + 8 * ver, rem, retry, reset)
       if maxWait >= 0 then no = no + 1; out[no] = wait end
     end
@@ -362,7 +389,7 @@ for _ = 1, nops do
       for i = 1, k do
         local c, r = cks[i], res[i]
         if all then
-          if r[6] then write(c[2], r[6], c[4], c[5], c[6], c[7], c[9], c[10], c[11], c[12], c[13]) end
+          if r[6] then write(c[2], r[6], c[4], c[5], c[6], c[7], c[9], c[10], c[11], c[12], c[13], c[14]) end
         elseif r[1] == 1 then
           r = {step(c[4], c[5], c[8], 0, -1)} -- would have admitted: report it untouched
           r[1] = 0
