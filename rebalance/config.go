@@ -103,11 +103,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Lease < c.Interval {
 		errs = append(errs, fmt.Errorf("rebalance: Lease %s: must be at least Interval %s", c.Lease, c.Interval))
-	} else if least := c.Interval + c.Fence + c.MaxSkew; c.Lease <= least {
-		// After an increase the next table waits Fence + MaxSkew, and
+	} else if least := c.Interval + c.Fence + 2*c.MaxSkew; c.Lease <= least {
+		// After an increase the next table waits Fence + 2·MaxSkew, and
 		// renewals come with tables: a shorter lease would lapse between
 		// two tables of a healthy coordinator.
-		errs = append(errs, fmt.Errorf("rebalance: Lease %s: must be longer than Interval + Fence + MaxSkew (%s), or it lapses between two tables", c.Lease, least))
+		errs = append(errs, fmt.Errorf("rebalance: Lease %s: must be longer than Interval + Fence + 2·MaxSkew (%s), or it lapses between two tables", c.Lease, least))
 	}
 	if c.MaxSkew < 0 {
 		errs = append(errs, fmt.Errorf("rebalance: MaxSkew %s: must not be negative", c.MaxSkew))

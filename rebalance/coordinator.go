@@ -892,8 +892,14 @@ func (c *Coordinator) Tick(now int64) {
 		// The increase takes effect Fence after the decrease is known to be
 		// in force (now), not merely after it was issued: an agent books
 		// reservations under the old limit until it applies the decrease,
-		// and those are served up to a max-wait later.
-		fence := int64(c.cfg.Fence / time.Microsecond)
+		// and those are served up to a max-wait later. And Fence measured
+		// on the stores' clocks, so MaxSkew more on ours: the store that
+		// increases may run MaxSkew ahead of us, and an agent acknowledges
+		// by its own clock while its store (where its last booking under the
+		// old limit was made) may lag it by MaxSkew — the bookings a
+		// max-wait of Fence allows would otherwise act up to MaxSkew after
+		// the increase they pay for took effect (issue 18).
+		fence := int64(c.cfg.Fence/time.Microsecond) + int64(c.cfg.MaxSkew/time.Microsecond)
 		c.fence = max(c.fence, now+fence, c.decreased+fence)
 		c.free(c.cur)
 		c.cur, c.target = c.target, nil

@@ -1130,3 +1130,53 @@ func tableString(tb *Table) string {
 	}
 	return b.String()
 }
+
+// TestIncreaseWaitsFenceOnEveryClock: the fence is the reservations' and
+// token leases' horizon, so it must hold on the stores' clocks, not only
+// on the coordinator's. The worst case the skew allows: the decreasing
+// region's agent runs MaxSkew ahead of its store (it acknowledges the
+// decrease in force when its clock reaches effective + MaxSkew, the moment
+// its store's clock reaches effective — a booking made there just before,
+// under the old limit, acts a max-wait of Fence later), and the increasing
+// region's store runs MaxSkew ahead of the coordinator. With the clocks of
+// the coordinator and the decreasing store as true time, the increase
+// starts at its effective time minus MaxSkew, and must not start before
+// the last booking acts: effective ≥ acknowledged + Fence + MaxSkew.
+//
+// Fails on 1783ef8: the increase took effect Fence after the
+// acknowledgement on the coordinator's clock, so on the increasing store
+// MaxSkew before the booking it pays for had acted.
+func TestIncreaseWaitsFenceOnEveryClock(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	skew, fence := int64(cfg.MaxSkew/time.Microsecond), int64(cfg.Fence/time.Microsecond)
+	c := started(t, cfg, budget("k"))
+	observe(t, c, "a", "a1", 0, sec, map[string]int64{"k": 900})
+	observe(t, c, "b", "b1", 0, sec, map[string]int64{"k": 100})
+	c.Tick(sec)
+	settle(t, c, sec)
+	take(c)
+	observe(t, c, "a", "a1", 1, 2*sec, map[string]int64{"k": 100})
+	observe(t, c, "b", "b1", 1, 2*sec, map[string]int64{"k": 900})
+	c.Tick(2 * sec)
+	dec := take(c)[0]
+	if sharesOf(dec, "k")[0] >= 900_000 {
+		t.Fatalf("no decrease of a: %v", sharesOf(dec, "k"))
+	}
+	// a's store reaches the decrease's effective time when a1's clock
+	// reads effective + skew: a1 acknowledges then, and it arrives at once.
+	acked := dec.Effective
+	lastBooking := acked + fence // booked just before, served a max-wait later
+	if err := c.Ack("a", "a1", dec.Term, dec.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	c.Tick(acked)
+	tabs := take(c)
+	if len(tabs) == 0 || sharesOf(tabs[len(tabs)-1], "k")[1] <= sharesOf(dec, "k")[1] {
+		t.Fatalf("no increase for b after the acknowledgement: %d tables", len(tabs))
+	}
+	inc := tabs[len(tabs)-1]
+	if starts := inc.Effective - skew; starts < lastBooking {
+		t.Errorf("b's store (MaxSkew ahead) starts the increase at %d, before a's last booking under the old share acts at %d (effective %d, acknowledged %d, fence %d, skew %d)",
+			starts, lastBooking, inc.Effective, acked, fence, skew)
+	}
+}

@@ -169,7 +169,12 @@
 // region's old share has acknowledged the decrease in force, or one
 // fenced acknowledgement proves the region runs it (Region fences, below),
 // or that region's lease plus MaxSkew has passed, and it takes effect at least
-// Fence after the decrease. The agents that may run a region's old share
+// Fence + MaxSkew after the decrease is in force — Fence on every store's
+// clock: the store that increases may run MaxSkew ahead of the coordinator,
+// and the decreasing agent acknowledges by its own clock when its store,
+// up to MaxSkew behind it, has only just switched (a booking made there
+// under the old share acts up to a max-wait later; issue 18 found the
+// increase MaxSkew early on the increasing store). The agents that may run a region's old share
 // are those the previous table named and those an earlier table named, each
 // until the lease of its region in the last table naming it plus MaxSkew
 // (it may hold that table, and a table naming it lets it run the table's
@@ -188,21 +193,21 @@
 // the regions run, no key's shares in force sum above PPM. With agents that
 // acknowledge a table as soon as it is in force (MaxSkew after its
 // effective time, by their clocks), a shift of demand is reflected within
-// 2Δ + 4 one-way latencies + Fence + MaxSkew: up to Δ until the next
+// 2Δ + 4 one-way latencies + Fence + 2·MaxSkew: up to Δ until the next
 // rebalance sees the new demand (reports are per closed interval, so up to
 // another Δ), a latency each for the report, the decrease, its
 // acknowledgement and the increase, the acknowledgement's MaxSkew and the
-// fence. A shift inside an interval is reported by that interval as
+// fence with its MaxSkew. A shift inside an interval is reported by that interval as
 // demand in both places, so a strategy that follows demand gives the new
 // region the whole share one Δ later still (sim.TestMovedKeyFollows
-// measures 80 % of a moved key's budget against 3Δ + 2·(Fence + MaxSkew) +
-// 4 latencies). A rebalance never runs before the previous increase is in force on
+// measures 80 % of a moved key's budget against 3Δ + 2·(Fence + 2·MaxSkew)
+// + 4 latencies). A rebalance never runs before the previous increase is in force on
 // every store (its effective time plus MaxSkew): superseding a change at the
 // instant it takes effect would leave keys' state written under the limit
 // before it, which stores read as debt; so a shift that lands just after an
-// increase may wait up to another Fence + MaxSkew. An agent that never
+// increase may wait up to another Fence + 2·MaxSkew. An agent that never
 // acknowledges delays the increase to its region's previous lease plus
-// MaxSkew. Lease must exceed Δ + Fence + MaxSkew, or leases would lapse
+// MaxSkew. Lease must exceed Δ + Fence + 2·MaxSkew, or leases would lapse
 // between a healthy coordinator's tables, and Fence must be at least
 // 2·MaxSkew: then, on the stores' own clocks, an increase starts after the
 // decrease it pays for even when the store that increases runs MaxSkew
@@ -230,7 +235,7 @@
 // increase waits until each decreasing region has every agent that may
 // run its old share acknowledge the decrease in force, or one fenced
 // acknowledgement proving it, or its previous lease plus MaxSkew has
-// passed; it still takes effect Fence after. A silent region — no member
+// passed; it still takes effect Fence + MaxSkew after. A silent region — no member
 // to acknowledge or raise its fence — still waits for its lease. This
 // holds only because all of these hold, and each is where it is kept:
 //
@@ -261,7 +266,8 @@
 //     the acknowledgement that carries it; unconfirmed, the agent reports
 //     no new fence.
 //   - An acknowledgement from an agent membership does not list proves
-//     nothing; the increase still waits Fence after the decrease is in force.
+//     nothing; the increase still waits Fence + MaxSkew after the decrease
+//     is in force.
 //
 // One gap remains: a fence the store lost after a proof (a restart or
 // failover, an eviction) comes back from the next raise, and the agent

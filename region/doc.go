@@ -188,9 +188,10 @@
 // caller acts when the wait ends, so what it books is admitted then, perhaps
 // under a later table. Reserve therefore cuts maxWait to the booking
 // horizon, Config.MaxReserveWait (default: the coordinator's default Fence,
-// 2 s), and with a table to the time left on its lease. The coordinator puts
-// at least its Fence between a decrease being in force (acknowledged, which
-// an agent does only after applying it) and the increase it pays for, so
+// 1 s), and with a table to the time left on its lease. The coordinator puts
+// at least its Fence, on every store's clock, between a decrease being in
+// force (acknowledged, which an agent does only after applying it) and the
+// increase it pays for (Fence + MaxSkew on its own clock), so
 // with MaxReserveWait ≤ Fence every booking made under a share acts before
 // another region's increase bought with that share takes effect:
 // ARCHITECTURE.md invariant 4 ("reservations never book past the current

@@ -15,7 +15,7 @@ import (
 // asserts the core's bound for a shift of demand (rebalance's doc, as
 // TestIdleKeyRegainsShare states it) plus one Δ:
 //
-//	3Δ + 2·(Fence + MaxSkew) + 4 one-way latencies
+//	3Δ + 2·(Fence + 2·MaxSkew) + 4 one-way latencies
 //
 // The Δ more is the interval that holds the move: it reports demand in
 // both regions, so the rebalance that sees it gives the new region only
@@ -62,7 +62,7 @@ workload: {rate: 1200}
 			}
 			fence, skew := r.rcfg.Fence, r.rcfg.MaxSkew
 			const lat = 110 * time.Millisecond // mean + jitter
-			bound := 3*dt + 2*(fence+skew) + 4*lat
+			bound := 3*dt + 2*(fence+2*skew) + 4*lat
 			target := min(fence+skew+2*lat+500*time.Millisecond, 2*dt)
 			var took []time.Duration
 			for k := range r.keys {
@@ -77,7 +77,7 @@ workload: {rate: 1200}
 				d := time.Duration(got[k]-mv.t) * time.Microsecond
 				took = append(took, d)
 				if d > bound {
-					t.Errorf("%s: %s ran ≥ 80 %% of it %v after the move, above 3Δ + 2·(Fence + MaxSkew) + 4 latencies = %v", r.keys[k].name, r.regions[mv.to].name, d, bound)
+					t.Errorf("%s: %s ran ≥ 80 %% of it %v after the move, above 3Δ + 2·(Fence + 2·MaxSkew) + 4 latencies = %v", r.keys[k].name, r.regions[mv.to].name, d, bound)
 				}
 			}
 			if len(took) < len(r.keys)/2 {

@@ -18,7 +18,7 @@ import (
 // the key's budget (≥ 50 %; proportional gives a home region with 90 % of
 // the demand ~84 %) within
 //
-//	2Δ + 2·(Fence + MaxSkew) + 4 one-way latencies
+//	2Δ + 2·(Fence + 2·MaxSkew) + 4 one-way latencies
 //
 // of the key's first request — the core's bound for a shift of demand
 // (rebalance's doc): up to Δ until the interval holding the request
@@ -26,8 +26,9 @@ import (
 // it (the key enters the term then, with its demand), and, since that
 // rebalance almost always lowers some other key, the transition: a
 // latency each for the decrease, its acknowledgement (counted MaxSkew
-// after it takes effect) and the increase, the Fence — and up to another
-// Fence + MaxSkew when the rebalance must wait for the previous increase
+// after it takes effect) and the increase, the Fence and its MaxSkew (the
+// increase waits Fence on every store's clock) — and up to another
+// Fence + 2·MaxSkew when the rebalance must wait for the previous increase
 // to be in force. The accuracy issue (18) sets the target this must come
 // down to; the test logs the measured times.
 func TestIdleKeyRegainsShare(t *testing.T) {
@@ -110,7 +111,7 @@ faults:
 				t.Fatal(err)
 			}
 			fence, skew := r.rcfg.Fence, r.rcfg.MaxSkew
-			bound := 2*dt + 2*(fence+skew) + 4*60*time.Millisecond // latency: mean + jitter
+			bound := 2*dt + 2*(fence+2*skew) + 4*60*time.Millisecond // latency: mean + jitter
 			var worst time.Duration
 			var took []string
 			for k := churned; k < len(r.keys); k++ {
@@ -128,7 +129,7 @@ faults:
 				worst = max(worst, d)
 				took = append(took, fmt.Sprintf("%s %v", r.keys[k].name, d.Round(time.Millisecond)))
 				if d > bound {
-					t.Errorf("%s: its home region %s ran ≥ 50 %% of it %v after its first request, above 2Δ + 2·(Fence + MaxSkew) + 4 latencies = %v", r.keys[k].name, r.regions[home(k)].name, d, bound)
+					t.Errorf("%s: its home region %s ran ≥ 50 %% of it %v after its first request, above 2Δ + 2·(Fence + 2·MaxSkew) + 4 latencies = %v", r.keys[k].name, r.regions[home(k)].name, d, bound)
 				}
 			}
 			t.Logf("Δ %v (Fence %v, MaxSkew %v): back from idle to ≥ 50 %% at home in %v (worst %v = %.1fΔ; bound %v)", dt, fence, skew, took, worst, float64(worst)/float64(dt), bound)
