@@ -68,7 +68,7 @@ func DefaultConfig(regions ...string) Config {
 		Interval:           5 * time.Second,        // seed 003: rebalancing "every few seconds"
 		Lease:              30 * time.Second,       // six intervals: survives a few lost tables
 		MaxSkew:            500 * time.Millisecond, // NTP-disciplined hosts, with margin
-		Fence:              2 * time.Second,        // longest reservation max-wait (seed 000 uses 2 s)
+		Fence:              time.Second,            // 2·MaxSkew, the least Validate allows; also the default reservation horizon
 		Hysteresis:         5_000,                  // 0.5 % of a budget: no churn from noise
 		StaleAfter:         3,                      // three silent intervals: the agent is gone
 		MaxAgentsPerRegion: 256,                    // gateways' agents in one region, with room to spare

@@ -89,7 +89,7 @@
 // its body as upstream's does (any content type; protojson, which refuses
 // invalid UTF-8 too).
 //
-// POST /v1/reserve books at most reserve_max_wait ahead (default 2 s, the
+// POST /v1/reserve books at most reserve_max_wait ahead (default 1 s, the
 // coordinator's default fence; a larger max_wait_ms is a 400), and the node
 // books no further than that or the lease left. In a cluster the
 // configuration refuses a reserve_max_wait, and New and Reload a policy
