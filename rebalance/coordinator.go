@@ -96,9 +96,13 @@ type Coordinator struct {
 	// least version a key added later starts from.
 	retiredFloor uint64
 
-	next  int64 // next rebalance, µs
-	ready []*Table
-	now   int64
+	next int64 // next rebalance, µs
+	// reported: the least interval every agent counted at the last
+	// rebalance had reported (reportedBy); a rebalance comes early once
+	// each has reported a later one.
+	reported int64
+	ready    []*Table
+	now      int64
 
 	scratch scratch
 }
@@ -160,6 +164,7 @@ func NewCoordinator(cfg Config, budgets []Budget) (*Coordinator, error) {
 		nR:        len(regions),
 		dt:        int64(cfg.Interval / time.Microsecond),
 		agents:    map[agentKey]*agentState{},
+		reported:  math.MinInt64,
 		leases:    make([]int64, len(regions)),
 		unknown:   make([]int64, len(regions)),
 		perRegion: make([]int, len(regions)),
@@ -920,7 +925,7 @@ func (c *Coordinator) Tick(now int64) {
 		// much phantom debt under its new, larger limit.
 		c.next = max(c.next, c.fence+int64(c.cfg.MaxSkew/time.Microsecond))
 	}
-	if now < c.next {
+	if now < c.next && !c.reportsIn(now) {
 		return
 	}
 	c.next = now + c.dt
@@ -928,7 +933,42 @@ func (c *Coordinator) Tick(now int64) {
 		c.publish(now, now, c.cur, c.curB) // renew the leases while the decrease lands
 		return
 	}
+	c.reported = c.reportedBy(now)
 	c.rebalance(now)
+}
+
+// reportsIn reports whether a rebalance may come before its time: no
+// transition is under way, the last increase is in force on every store
+// (as a rebalance at its time waits for, see Tick), and every agent the
+// rebalance counts has reported an interval later than the last rebalance
+// saw (issue 18: the rebalance ran at whatever phase of the report
+// interval the term began in, up to Δ after the reports it needed had
+// arrived). So it runs as soon as a closed interval's reports are all in,
+// at most once per interval (each agent reports an interval once), and
+// never later than Δ after the last.
+func (c *Coordinator) reportsIn(now int64) bool {
+	if c.transition || c.learning || now < c.fence+int64(c.cfg.MaxSkew/time.Microsecond) {
+		return false
+	}
+	level := c.reportedBy(now)
+	return level != math.MinInt64 && level > c.reported
+}
+
+// reportedBy is the least interval reported by the agents a rebalance at
+// now counts as live (a member, or one a table still names, with a fresh
+// report; with no membership given, any with a fresh report), or
+// math.MinInt64 with none.
+func (c *Coordinator) reportedBy(now int64) int64 {
+	level := int64(math.MinInt64)
+	for k, a := range c.agents {
+		if !c.fresh(a, now) || !(c.members == nil || c.members[k] || c.namedUntil[k] > now) {
+			continue
+		}
+		if level == math.MinInt64 || a.interval < level {
+			level = a.interval
+		}
+	}
+	return level
 }
 
 // decreaseInForce reports whether every agent that may run a decreasing

@@ -1180,3 +1180,59 @@ func TestIncreaseWaitsFenceOnEveryClock(t *testing.T) {
 			starts, lastBooking, inc.Effective, acked, fence, skew)
 	}
 }
+
+// TestRebalanceWhenReportsAreIn: a rebalance runs as soon as every live
+// agent has reported a closed interval the last rebalance did not see, not
+// at whatever phase of the interval the term began in; at most once per
+// interval, and still at its time when a report is missing.
+//
+// Fails on abb5281: the rebalance waited for its time, Δ after the last
+// one (a term begun 0.9 s into an interval saw each interval's reports
+// 0.8 s after they were all in; sim.TestMovedKeyFollows at Δ = 5 s: a
+// moved key at 80 % after a median 14.3 s then, 9.9 s now).
+const msec = int64(1000)
+
+func TestRebalanceWhenReportsAreIn(t *testing.T) {
+	const msec = int64(1000)
+	cfg := unitConfig("a", "b")
+	c := mustCoordinator(t, cfg, budget("k"))
+	start := 900 * msec // the term begins 0.9 s into interval 0
+	if err := c.StartTerm(1, nil, start); err != nil {
+		t.Fatal(err)
+	}
+	take(c)
+	report := func(interval, now int64, a, b int64) {
+		observe(t, c, "a", "a1", interval, now, map[string]int64{"k": a})
+		observe(t, c, "b", "b1", interval, now, map[string]int64{"k": b})
+	}
+	// Interval 0's reports, all in at 1.1 s: the first rebalance comes
+	// then (its time would be 1.9 s).
+	report(0, sec+100*msec, 500, 500)
+	c.Tick(sec + 100*msec)
+	settle(t, c, sec+100*msec)
+	take(c)
+	// Interval 1 closes at 2 s; its reports are in at 2.1 s, and the key
+	// moved to b: the decrease goes out then.
+	c.Tick(2*sec + 50*msec)
+	if got := take(c); len(got) != 0 && sharesOf(got[len(got)-1], "k")[0] < 450_000 {
+		t.Fatalf("a's share fell before interval 1's reports came")
+	}
+	report(1, 2*sec+100*msec, 0, 1000)
+	c.Tick(2*sec + 100*msec)
+	tabs := take(c)
+	if len(tabs) == 0 || sharesOf(tabs[len(tabs)-1], "k")[0] >= 450_000 {
+		t.Fatalf("no decrease of a at 2.1 s, when interval 1's reports were all in (%d tables)", len(tabs))
+	}
+	settle(t, c, 2*sec+200*msec)
+	take(c)
+	// Only a's report of interval 2 (in at 3 s, before the rebalance's
+	// time, 3.1 s): no early rebalance without b's.
+	observe(t, c, "a", "a1", 2, 3*sec, map[string]int64{"k": 1000})
+	held := slices.Clone(sharesOf(c.Latest(), "k"))
+	c.Tick(3 * sec)
+	c.Tick(3*sec + 50*msec)
+	take(c)
+	if got := sharesOf(c.Latest(), "k"); !slices.Equal(got, held) {
+		t.Fatalf("shares moved from %v to %v before b reported interval 2", held, got)
+	}
+}

@@ -156,7 +156,10 @@
 //
 // Reports are per closed interval of the agent's clock, which may run
 // MaxSkew ahead of the coordinator's: Observe takes a report once its
-// interval has closed on a clock MaxSkew ahead. Every Δ it sums each
+// interval has closed on a clock MaxSkew ahead. Every Δ — or sooner, as
+// soon as every live agent has reported an interval the last rebalance
+// did not see (at most once per interval; issue 18: a rebalance at a fixed
+// phase waited up to Δ after the reports it needed) — it sums each
 // region's agents' latest reports (a missing agent
 // counts as last known, never as zero; a region with an agent silent for
 // StaleAfter·Δ keeps its last share while membership lists that agent or a
