@@ -18,14 +18,14 @@ import (
 // clean now, and it failed with safety/share at 19.8s before the fix.
 func TestSimExplore(t *testing.T) {
 	var stdout, stderr strings.Builder
-	// Schedule 266 of seed 1 finds a known failure (sim's knownFailures):
+	// Schedule 5 of seed 1 finds a known failure (sim's knownFailures):
 	// the over-admission when an agent's epoch slot diverges from its
 	// siblings'. Exit 1, and the printed scenario replays it.
 	// (Shrinking is cut to 2 runs a failure: under the race detector the
 	// default 200 took minutes.)
-	code := run(context.Background(), []string{"sim", "--first", "266", "--explore", "1", "--seed", "1", "--shrink", "2"}, &stdout, &stderr)
+	code := run(context.Background(), []string{"sim", "--first", "5", "--explore", "1", "--seed", "1", "--shrink", "2"}, &stdout, &stderr)
 	out := stdout.String()
-	if code != 1 || !strings.Contains(out, "explore: 1 schedules (266 to 266) from seed 1") || !strings.Contains(out, "  safety/oa-budget: ") {
+	if code != 1 || !strings.Contains(out, "explore: 1 schedules (5 to 5) from seed 1") || !strings.Contains(out, "  safety/oa-budget: ") {
 		t.Fatalf("exit %d, want 1 with safety/oa-budget violations\nstdout:\n%s\nstderr:\n%s", code, out, stderr.String())
 	}
 	i := strings.Index(out, "# meridian sim --explore: schedule")
