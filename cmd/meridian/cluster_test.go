@@ -1308,8 +1308,17 @@ func TestClusterNATSOutage(t *testing.T) {
 				s, _ := ap.share(key)
 				return s > 700_000
 			})
-			// And the node runs the table's share, not the safe one: ap
-			// admits all of acme's 400/s over the next second.
+			// And the node runs the table's share, not the safe one: once
+			// that table is in force (the share that restores ap may be an
+			// increase, effective Fence + MaxSkew after its proof: 250 ms
+			// of a second measured at once ran the safe share, and the
+			// check failed now and then), ap admits all of acme's 400/s
+			// over the next second.
+			waitFor(t, 5*time.Second, "ap's table in force", func() bool {
+				st := ap.node.Table()
+				term, epoch := ap.node.InForce(time.Now().UnixMicro())
+				return term == st.Term && epoch == st.Epoch
+			})
 			offered, allowed = l.window(time.Second)
 			if allowed < offered*95/100 {
 				t.Errorf("after NATS returned ap admits %d of acme's %d requests a second; its table gives it > 70 %% of 1,000/s", allowed, offered)
