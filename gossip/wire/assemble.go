@@ -274,5 +274,9 @@ func joinTable(chunks []*TableChunk, lim Limits) (*rebalance.Table, error) {
 			t.Keys = append(t.Keys, c.Keys...)
 		}
 	}
+	// Patch checks the same digest: both ways to a delta table agree.
+	if d := chunks[0].Delta; d != nil && TableDigest(t.Keys) != d.Digest {
+		return nil, invalidf("table term %d epoch %d: %v", t.Term, t.Epoch, errDigest)
+	}
 	return &t, nil
 }

@@ -437,8 +437,9 @@ func decodeTable(body []byte, lim Limits) (*TableChunk, error) {
 	var (
 		seen            fieldSet
 		index, count    uint64
-		header          []byte
+		header, delta   []byte
 		hasHeader       bool
+		hasDelta        bool
 		nkeys           int
 		nshares, nburst int
 	)
@@ -457,6 +458,9 @@ func decodeTable(body []byte, lim Limits) (*TableChunk, error) {
 		case fTabHeader:
 			fr.why = seen.bytes(f, &header)
 			hasHeader = true
+		case fTabDelta:
+			fr.why = seen.bytes(f, &delta)
+			hasDelta = true
 		case fTabKeys:
 			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
 				nkeys++
@@ -478,6 +482,12 @@ func decodeTable(body []byte, lim Limits) (*TableChunk, error) {
 		return nil, invalidf("table chunk 0: no header")
 	case index > 0 && hasHeader:
 		return nil, invalidf("table chunk %d: a header outside chunk 0", index)
+	case hasDelta && index > 0:
+		return nil, invalidf("table chunk %d: a delta outside chunk 0", index)
+	case hasDelta && nkeys > 0:
+		return nil, invalidf("table chunk 0: a delta head with %d rows (a delta head carries none)", nkeys)
+	case hasDelta && count < 2:
+		return nil, invalidf("table chunk 0: a delta head of a table of %d chunk (its rows are in chunks 1 and on)", count)
 	case nkeys > lim.MaxKeys:
 		return nil, invalidf("table chunk %d: %d keys, above the limit of %d", index, nkeys, lim.MaxKeys)
 	}
@@ -489,6 +499,16 @@ func decodeTable(body []byte, lim Limits) (*TableChunk, error) {
 		}
 		h.Term, h.Epoch = c.Term, c.Epoch
 		c.Header, regions = h, len(h.Regions)
+	}
+	if hasDelta {
+		d, err := decodeDelta(delta, regions, lim)
+		if err != nil {
+			return nil, err
+		}
+		if d.BaseTerm > c.Term || d.BaseTerm == c.Term && d.BaseEpoch >= c.Epoch {
+			return nil, invalidf("table chunk 0: table %d.%d is a delta on %d.%d, which does not precede it", c.Term, c.Epoch, d.BaseTerm, d.BaseEpoch)
+		}
+		c.Delta = d
 	}
 	if nkeys == 0 {
 		return c, nil

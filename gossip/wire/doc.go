@@ -17,6 +17,19 @@
 // report (by region, agent and interval) or a table (by term and epoch),
 // in any order, into the whole value.
 //
+// A delta table (EncodeTableFrom) is one the coordinator encodes from a
+// base, the table before it: chunk 0 then carries the header and a Delta —
+// the base's (term, epoch), the rows that changed or were added, the keys
+// removed (explicit tombstones), and the SHA-256 digest of the whole
+// table's rows — and no rows, and chunks 1..n carry every row as before.
+// A reader that holds the base builds the whole table from chunk 0 with
+// Patch, which checks the digest, so a steady cluster moves one small
+// message per region per table instead of the whole table; a reader on
+// another base (ErrBase), a new reader, or one of an earlier minor version
+// (which skips the field) reads the chunks. The coordinator writes a delta
+// only when its head is smaller than the whole table; a table's KV entry
+// (the head) therefore always leads to a whole table.
+//
 // Tables are signed: each chunk carries an Ed25519 signature, by the
 // coordinator's key, over the envelope bytes before it, and Decode refuses
 // a table none of the trusted keys verifies (ErrSignature). Reports and

@@ -57,6 +57,14 @@ const (
 	fTabCount  = 4
 	fTabHeader = 5
 	fTabKeys   = 6
+	fTabDelta  = 7
+
+	// TableDelta
+	fDelBaseTerm  = 1
+	fDelBaseEpoch = 2
+	fDelDigest    = 3
+	fDelChanged   = 4
+	fDelRemoved   = 5
 
 	// TableHeader
 	fHdrIssued    = 1
@@ -436,40 +444,7 @@ func TableSize(cluster string, t *rebalance.Table, maxMessage int) (bytes, messa
 // published and is refused. The same arguments always give the same
 // bytes (Ed25519 signatures are deterministic).
 func EncodeTable(cluster string, t *rebalance.Table, key ed25519.PrivateKey, maxMessage int) ([][]byte, error) {
-	if len(key) != ed25519.PrivateKeySize {
-		return nil, fmt.Errorf("wire: encode table: private key of %d bytes, want %d", len(key), ed25519.PrivateKeySize)
-	}
-	if err := checkTable(cluster, t); err != nil {
-		return nil, fmt.Errorf("wire: encode table: %w", err)
-	}
-	hdr := headerSize(t)
-	var chunks []chunk
-	total, n, err := planTable(cluster, t, hdr, maxMessage, func(c chunk) { chunks = append(chunks, c) })
-	if err != nil {
-		return nil, fmt.Errorf("wire: encode table: %w", err)
-	}
-	buf := make([]byte, 0, total)
-	out := make([][]byte, n)
-	for ci, c := range chunks {
-		s := len(buf)
-		buf = appendEnvHead(buf, cluster, KindTable, c.body)
-		buf = appendU(buf, fTabTerm, t.Term)
-		buf = appendU(buf, fTabEpoch, t.Epoch)
-		buf = appendFixed(buf, fTabIndex, ci)
-		buf = appendFixed(buf, fTabCount, n)
-		if ci == 0 {
-			buf = appendLen(buf, fTabHeader, hdr)
-			buf = appendHeader(buf, t)
-		}
-		for i := c.start; i < c.end; i++ {
-			buf = appendKeyShares(buf, &t.Keys[i])
-		}
-		sig := ed25519.Sign(key, buf[s:])
-		buf = append(buf, tag(fEnvSignature, protowire.BytesType), SignatureSize)
-		buf = append(buf, sig...)
-		out[ci] = buf[s:len(buf):len(buf)]
-	}
-	return out, nil
+	return EncodeTableFrom(cluster, t, nil, key, maxMessage)
 }
 
 func appendHeader(b []byte, t *rebalance.Table) []byte {
@@ -506,8 +481,10 @@ func appendPacked[T uint32 | int64](b []byte, num protowire.Number, v []T) []byt
 	return b
 }
 
-func appendKeyShares(b []byte, ks *rebalance.KeyShares) []byte {
-	b = appendLen(b, fTabKeys, keySharesSize(ks))
+// appendKeyShares appends ks as field num (a table's keys, a delta's
+// changed rows).
+func appendKeyShares(b []byte, num protowire.Number, ks *rebalance.KeyShares) []byte {
+	b = appendLen(b, num, keySharesSize(ks))
 	b = appendStr(b, fKsKey, ks.Key)
 	b = appendU(b, fKsVersion, ks.Version)
 	b = appendPacked(b, fKsShares, ks.Shares)

@@ -3,6 +3,7 @@ package wire_test
 import (
 	"crypto/ed25519"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,6 +16,9 @@ import (
 // the trusted key, so that table bodies are explored past the signature.
 //
 //	go test -fuzz=FuzzDecode ./gossip/wire/
+// fuzzBase is the base the fuzzed delta heads are patched onto.
+var fuzzBase = testTable(20, 10, "ap", "eu", "us")
+
 func FuzzDecode(f *testing.F) {
 	reps, _ := wire.EncodeReport(cluster, testReport(30, 12), 99, wire.MinMessage)
 	for _, b := range reps {
@@ -27,6 +31,14 @@ func FuzzDecode(f *testing.F) {
 		f.Add(b)
 		f.Add(b[:len(b)-2-ed25519.SignatureSize])
 	}
+	// A delta table from fuzzBase: its head, signed and unsigned.
+	next := *fuzzBase
+	next.Epoch++
+	next.Keys = slices.Clone(fuzzBase.Keys[2:])
+	next.Keys[3].Shares = []uint32{0, 500_000, 500_000}
+	deltas, _ := wire.EncodeTableFrom(cluster, &next, fuzzBase, testKey, wire.MinMessage)
+	f.Add(deltas[0])
+	f.Add(deltas[0][:len(deltas[0])-2-ed25519.SignatureSize])
 	lim := wire.DefaultLimits()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		checkDecode(t, b, lim)
@@ -80,6 +92,19 @@ func checkDecode(t *testing.T, b []byte, lim wire.Limits) {
 		}
 		if c.Header == nil {
 			return
+		}
+		if c.Delta != nil {
+			// Patch onto a base: a table Decode would accept, or an error.
+			p, err := wire.Patch(fuzzBase, c, lim)
+			switch {
+			case err != nil && !errors.Is(err, wire.ErrInvalid):
+				t.Fatalf("Patch: %v does not wrap ErrInvalid", err)
+			case err == nil:
+				_, err := wire.EncodeTable(cluster, p, testKey, lim.MaxMessage)
+				if err != nil && !strings.Contains(err.Error(), "fit") {
+					t.Fatalf("a patched table does not encode: %v", err)
+				}
+			}
 		}
 		tb := *c.Header
 		tb.Keys = c.Keys

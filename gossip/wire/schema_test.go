@@ -1,10 +1,12 @@
 package wire_test
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -225,6 +227,44 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 			wantBudget = []any{int64(0), int64(0), w.Budget.IntervalMicros(), w.Budget.Burst()}
 		}
 		check(fmt.Sprintf("budget %v", w.Budget), []any{get(km, "rate"), get(km, "period_us"), get(km, "interval_us"), get(km, "burst")}, wantBudget)
+	}
+
+	// A delta head: field 7 as the schema describes it, digest included.
+	next := *tb
+	next.Epoch++
+	next.Keys = slices.Clone(tb.Keys[1:])
+	next.Keys[0].Shares = []uint32{1, 2, 3}
+	dmsgs, err := wire.EncodeTableFrom(cluster, &next, tb, testKey, wire.DefaultMaxMessage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dtab := unmarshal(t, file, "Table", get(unmarshal(t, file, "Envelope", dmsgs[0]), "body").([]byte))
+	check("delta head rows, count", []any{len(get(dtab, "keys").([]any)), get(dtab, "count")}, []any{0, uint64(len(dmsgs))})
+	d := get(dtab, "delta").(protoreflect.Message)
+	digest := wire.TableDigest(next.Keys)
+	check("delta base, digest, removed", []any{get(d, "base_term"), get(d, "base_epoch"), get(d, "digest"), get(d, "removed")},
+		[]any{tb.Term, tb.Epoch, digest[:], []any{tb.Keys[0].Key}})
+	changed := get(d, "changed").([]any)
+	check("delta changed", len(changed), 1)
+	check("delta changed row", []any{get(changed[0].(protoreflect.Message), "key"), get(changed[0].(protoreflect.Message), "shares")},
+		[]any{next.Keys[0].Key, []any{uint64(1), uint64(2), uint64(3)}})
+	// The digest is SHA-256 of the rows as the schema's runtime writes them.
+	var rows []byte
+	for _, k := range get(unmarshal(t, file, "Table", get(unmarshal(t, file, "Envelope", dmsgs[1]), "body").([]byte)), "keys").([]any) {
+		one := dynamicpb.NewMessage(file.Messages().ByName("Table"))
+		one.Mutable(file.Messages().ByName("Table").Fields().ByName("keys")).List().Append(protoreflect.ValueOfMessage(k.(protoreflect.Message)))
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(one)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, b...)
+	}
+	if len(dmsgs) == 2 {
+		if sum := sha256.Sum256(rows); sum != digest {
+			t.Errorf("digest %x, SHA-256 of the runtime's rows %x", digest, sum)
+		}
+	} else {
+		t.Errorf("delta table of %d chunks; the check wants all rows in chunk 1", len(dmsgs))
 	}
 
 	// What the protobuf runtime writes from the schema (index 0 omitted,

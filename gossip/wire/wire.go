@@ -159,10 +159,13 @@ type Ack struct {
 // TableChunk is part of one signed share table. Chunk 0 carries Header,
 // the table with every field but Keys (Term and Epoch included); the other
 // chunks carry a nil Header. Keys are this chunk's rows, in table order.
+// Chunk 0 of a delta table carries a Delta on an earlier table and no
+// rows (Patch applies it); its other chunks hold every row as usual.
 type TableChunk struct {
 	Term, Epoch  uint64
 	Index, Count int
 	Header       *rebalance.Table
+	Delta        *Delta
 	Keys         []rebalance.KeyShares
 }
 

@@ -1,0 +1,369 @@
+package wire
+
+import (
+	"crypto/ed25519"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/meridian-quota/meridian/rebalance"
+)
+
+// Delta tables. A table the coordinator encodes from a base (the table it
+// stored before) may carry, in its head, only the rows that changed since
+// that base: the head then holds the header and a Delta and no rows, and
+// chunks 1 … Count-1 hold every row of the whole table as before. A
+// reader that holds the base patches it with the delta (Patch) and reads
+// nothing else; any other reader — one on another base, a fresh one, a
+// reader of the previous minor version, which skips the unknown field —
+// fetches the chunks and assembles the whole table. Both ways give the
+// same table: the delta names the digest of the whole table's rows, and
+// both Patch and the Assembler check it.
+
+// DigestSize is the bytes of a table digest (SHA-256).
+const DigestSize = sha256.Size
+
+// Delta is the change a delta table makes to its base table (BaseTerm,
+// BaseEpoch): Changed rows replace the base's rows of the same key or are
+// added, Removed keys leave the table (explicit tombstones), every other
+// row is the base's. Digest is TableDigest of the whole table's rows.
+// Changed is sorted by key and distinct, Removed too, and no key is in
+// both.
+type Delta struct {
+	BaseTerm, BaseEpoch uint64
+	Digest              [DigestSize]byte
+	Changed             []rebalance.KeyShares
+	Removed             []string
+}
+
+// ErrBase is wrapped by Patch's error when the delta does not apply to
+// the table given as its base: another (term, epoch), other regions, a
+// removed key the base lacks, or a result whose digest is not the one the
+// delta names. The reader then reads the whole table from its chunks.
+// errors.Is(err, ErrInvalid) holds for it too.
+var ErrBase error = &kindError{"wire: delta on another base"}
+
+// TableDigest returns the SHA-256 of rows as a table's chunks encode them
+// (each row's KeyShares field, tag and length included, in order), so a
+// table's digest depends on its rows only, not on how they are chunked.
+func TableDigest(rows []rebalance.KeyShares) [DigestSize]byte {
+	h := sha256.New()
+	var buf []byte
+	for i := range rows {
+		buf = appendKeyShares(buf[:0], fTabKeys, &rows[i])
+		h.Write(buf)
+	}
+	var d [DigestSize]byte
+	h.Sum(d[:0])
+	return d
+}
+
+// sameRow reports whether a and b encode to the same bytes.
+func sameRow(a, b *rebalance.KeyShares) bool {
+	return a.Key == b.Key && a.Version == b.Version && a.Budget == b.Budget &&
+		slices.Equal(a.Shares, b.Shares) && slices.Equal(a.Bursts, b.Bursts)
+}
+
+// diff returns the delta that turns base's rows into t's (digest unset).
+func diff(base, t *rebalance.Table) *Delta {
+	d := &Delta{BaseTerm: base.Term, BaseEpoch: base.Epoch}
+	b, n := base.Keys, t.Keys
+	i, j := 0, 0
+	for i < len(b) || j < len(n) {
+		switch {
+		case j == len(n) || i < len(b) && b[i].Key < n[j].Key:
+			d.Removed = append(d.Removed, b[i].Key)
+			i++
+		case i == len(b) || n[j].Key < b[i].Key:
+			d.Changed = append(d.Changed, n[j])
+			j++
+		default:
+			if !sameRow(&b[i], &n[j]) {
+				d.Changed = append(d.Changed, n[j])
+			}
+			i, j = i+1, j+1
+		}
+	}
+	return d
+}
+
+// deltaCanBase reports whether t may be encoded as a delta on base: a
+// published table of the same regions, before t.
+func deltaCanBase(base, t *rebalance.Table) bool {
+	return base != nil && !base.Shadow && len(t.Keys) > 0 && slices.Equal(base.Regions, t.Regions) &&
+		(base.Term < t.Term || base.Term == t.Term && base.Epoch < t.Epoch)
+}
+
+func deltaSize(d *Delta) int {
+	n := sizeU(d.BaseTerm) + sizeU(d.BaseEpoch) + sizeElem(DigestSize)
+	for i := range d.Changed {
+		n += sizeElem(keySharesSize(&d.Changed[i]))
+	}
+	for _, k := range d.Removed {
+		n += sizeElem(len(k))
+	}
+	return n
+}
+
+func appendDelta(b []byte, d *Delta, size int) []byte {
+	b = appendLen(b, fTabDelta, size)
+	b = appendU(b, fDelBaseTerm, d.BaseTerm)
+	b = appendU(b, fDelBaseEpoch, d.BaseEpoch)
+	b = appendLen(b, fDelDigest, DigestSize)
+	b = append(b, d.Digest[:]...)
+	for i := range d.Changed {
+		b = appendKeyShares(b, fDelChanged, &d.Changed[i])
+	}
+	for _, k := range d.Removed {
+		b = appendElem(b, fDelRemoved, k)
+	}
+	return b
+}
+
+// EncodeTableFrom is EncodeTable for a table that follows base, the table
+// the coordinator stored before it (nil: none). When base is a table of
+// the same regions before t and a head with the rows that changed since
+// base is smaller than all of EncodeTable's messages, chunk 0 carries
+// the header and a Delta on base and no rows, and chunks 1 … n every row
+// of t; otherwise the encoding is EncodeTable's. base is trusted: it must
+// be a table the caller encoded before (its rows are compared, not
+// checked).
+func EncodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.PrivateKey, maxMessage int) ([][]byte, error) {
+	if len(key) != ed25519.PrivateKeySize {
+		return nil, fmt.Errorf("wire: encode table: private key of %d bytes, want %d", len(key), ed25519.PrivateKeySize)
+	}
+	if err := checkTable(cluster, t); err != nil {
+		return nil, fmt.Errorf("wire: encode table: %w", err)
+	}
+	var d *Delta
+	if deltaCanBase(base, t) {
+		d = diff(base, t)
+	}
+	hdr := headerSize(t)
+	env := envFixed(cluster, true)
+	var chunks []chunk
+	emit := func(c chunk) { chunks = append(chunks, c) }
+	total, n, err := 0, 0, error(nil)
+	dsize := 0
+	if d != nil {
+		// A delta only where it is smaller than the whole table: a reader
+		// on the base then reads less, any other reads the chunks as ever.
+		dsize = deltaSize(d)
+		head := tableFixed(t) + sizeElem(hdr) + sizeElem(dsize)
+		whole, _, werr := planTable(cluster, t, hdr, maxMessage, nil)
+		if werr != nil || envSize(env, head) >= whole || envSize(env, head) > maxMessage {
+			d = nil
+		} else {
+			emit(chunk{0, 0, head})
+			total, n, err = plan(maxMessage, env, tableFixed(t), 0, len(t.Keys),
+				func(i int) int { return sizeElem(keySharesSize(&t.Keys[i])) }, emit)
+			total, n = total+envSize(env, head), n+1
+		}
+	}
+	if d == nil {
+		total, n, err = planTable(cluster, t, hdr, maxMessage, emit)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("wire: encode table: %w", err)
+	}
+	if d != nil {
+		d.Digest = TableDigest(t.Keys)
+	}
+	return writeTable(cluster, t, key, hdr, d, dsize, chunks, total, n), nil
+}
+
+// writeTable writes the planned chunks of t (chunk 0 with delta d, unless
+// nil) and signs each.
+func writeTable(cluster string, t *rebalance.Table, key ed25519.PrivateKey, hdr int, d *Delta, dsize int, chunks []chunk, total, n int) [][]byte {
+	buf := make([]byte, 0, total)
+	out := make([][]byte, n)
+	for ci, c := range chunks {
+		s := len(buf)
+		buf = appendEnvHead(buf, cluster, KindTable, c.body)
+		buf = appendU(buf, fTabTerm, t.Term)
+		buf = appendU(buf, fTabEpoch, t.Epoch)
+		buf = appendFixed(buf, fTabIndex, ci)
+		buf = appendFixed(buf, fTabCount, n)
+		if ci == 0 {
+			buf = appendLen(buf, fTabHeader, hdr)
+			buf = appendHeader(buf, t)
+			if d != nil {
+				buf = appendDelta(buf, d, dsize)
+			}
+		}
+		for i := c.start; i < c.end; i++ {
+			buf = appendKeyShares(buf, fTabKeys, &t.Keys[i])
+		}
+		sig := ed25519.Sign(key, buf[s:])
+		buf = append(buf, tag(fEnvSignature, protowire.BytesType), SignatureSize)
+		buf = append(buf, sig...)
+		out[ci] = buf[s:len(buf):len(buf)]
+	}
+	return out
+}
+
+// decodeDelta reads a Delta of a table of the given regions.
+func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
+	d := &Delta{}
+	var (
+		seen            fieldSet
+		digest          []byte
+		nrows, nremoved int
+		nshares, nburst int
+	)
+	fr := fieldReader{msg: b}
+	for fr.next() {
+		switch f := &fr.f; f.num {
+		case fDelBaseTerm:
+			fr.why = seen.u64(f, &d.BaseTerm)
+		case fDelBaseEpoch:
+			fr.why = seen.u64(f, &d.BaseEpoch)
+		case fDelDigest:
+			fr.why = seen.bytes(f, &digest)
+		case fDelChanged:
+			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
+				nrows++
+				s, bu := countPacked(f.b)
+				nshares += s
+				nburst += bu
+			}
+		case fDelRemoved:
+			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
+				nremoved++
+			}
+		}
+	}
+	if fr.why != "" {
+		return nil, invalidf("table chunk 0 delta at byte %d: %s", fr.off, fr.why)
+	}
+	switch {
+	case len(digest) != DigestSize:
+		return nil, invalidf("table chunk 0 delta: digest of %d bytes, want %d", len(digest), DigestSize)
+	case nrows+nremoved > lim.MaxKeys:
+		return nil, invalidf("table chunk 0 delta: %d keys, above the limit of %d", nrows+nremoved, lim.MaxKeys)
+	}
+	copy(d.Digest[:], digest)
+	if nrows > 0 {
+		d.Changed = make([]rebalance.KeyShares, 0, nrows)
+	}
+	if nremoved > 0 {
+		d.Removed = make([]string, 0, nremoved)
+	}
+	a := arena{shares: make([]uint32, nshares), bursts: make([]int64, nburst)}
+	str := string(b)
+	for fr = (fieldReader{msg: b}); fr.next(); {
+		f := &fr.f
+		switch f.num {
+		case fDelChanged:
+			i := len(d.Changed)
+			d.Changed = append(d.Changed, rebalance.KeyShares{})
+			ks := &d.Changed[i]
+			if why := readKeyShares(ks, f.b, fr.in(str), &a, lim); why != "" {
+				return nil, invalidf("table chunk 0 delta changed key %d: %s", i, why)
+			}
+			if err := checkRow(ks, regions, lim); err != nil {
+				return nil, invalidf("table chunk 0 delta changed key %d: %v", i, err)
+			}
+			if i > 0 && d.Changed[i-1].Key >= ks.Key {
+				return nil, invalidf("table chunk 0 delta changed key %d: keys not sorted and distinct", i)
+			}
+		case fDelRemoved:
+			i := len(d.Removed)
+			k := fr.in(str)
+			if len(k) == 0 || len(k) > lim.MaxKeyLen {
+				return nil, invalidf("table chunk 0 delta removed key %d: name of %d bytes outside [1, %d]", i, len(k), lim.MaxKeyLen)
+			}
+			if i > 0 && d.Removed[i-1] >= k {
+				return nil, invalidf("table chunk 0 delta removed key %d: keys not sorted and distinct", i)
+			}
+			d.Removed = append(d.Removed, k)
+		}
+	}
+	for i, j := 0, 0; i < len(d.Changed) && j < len(d.Removed); {
+		switch c, r := d.Changed[i].Key, d.Removed[j]; {
+		case c == r:
+			return nil, invalidf("table chunk 0 delta: key %q both changed and removed", c)
+		case c < r:
+			i++
+		default:
+			j++
+		}
+	}
+	return d, nil
+}
+
+// Patch returns the table a delta head (chunk 0 of a delta table, as
+// Decode returned it) makes of base, the whole table the reader holds:
+// the head's header with base's rows, changed and removed as the delta
+// says. It fails, wrapping ErrBase, when the delta is on another table or
+// the result's digest is not the delta's; then the chunks hold the table.
+// base is trusted (a table the reader assembled or patched before); the
+// result shares base's unchanged rows, and no table is modified.
+func Patch(base *rebalance.Table, head *TableChunk, lim Limits) (*rebalance.Table, error) {
+	if err := lim.Validate(); err != nil {
+		return nil, fmt.Errorf("wire: patch: %w", err)
+	}
+	if head == nil || head.Index != 0 || head.Header == nil || head.Delta == nil {
+		return nil, invalidf("patch: not the head of a delta table")
+	}
+	d, h := head.Delta, head.Header
+	switch {
+	case base == nil:
+		return nil, fmt.Errorf("%w: table %d.%d is a delta on %d.%d; no base held", ErrBase, head.Term, head.Epoch, d.BaseTerm, d.BaseEpoch)
+	case base.Term != d.BaseTerm || base.Epoch != d.BaseEpoch:
+		return nil, fmt.Errorf("%w: table %d.%d is a delta on %d.%d; %d.%d held", ErrBase, head.Term, head.Epoch, d.BaseTerm, d.BaseEpoch, base.Term, base.Epoch)
+	case !slices.Equal(base.Regions, h.Regions):
+		return nil, fmt.Errorf("%w: table %d.%d names regions %v, its base %v", ErrBase, head.Term, head.Epoch, h.Regions, base.Regions)
+	case h.Shadow:
+		return nil, invalidf("patch: table term %d epoch %d header: a shadow table", h.Term, h.Epoch)
+	}
+	rows := make([]rebalance.KeyShares, 0, len(base.Keys)+len(d.Changed)-len(d.Removed))
+	b, c, r := base.Keys, d.Changed, d.Removed
+	for len(b) > 0 || len(c) > 0 {
+		switch {
+		case len(r) > 0 && (len(b) == 0 || r[0] < b[0].Key):
+			return nil, fmt.Errorf("%w: table %d.%d removes %q, which its base lacks", ErrBase, head.Term, head.Epoch, r[0])
+		case len(b) > 0 && len(r) > 0 && b[0].Key == r[0]:
+			b, r = b[1:], r[1:]
+		case len(c) == 0 || len(b) > 0 && b[0].Key < c[0].Key:
+			rows, b = append(rows, b[0]), b[1:]
+		default:
+			if len(b) > 0 && b[0].Key == c[0].Key {
+				b = b[1:]
+			}
+			rows, c = append(rows, cloneRow(c[0])), c[1:]
+		}
+	}
+	if len(r) > 0 {
+		return nil, fmt.Errorf("%w: table %d.%d removes %q, which its base lacks", ErrBase, head.Term, head.Epoch, r[0])
+	}
+	if len(rows) > lim.MaxKeys {
+		return nil, invalidf("patch: table term %d epoch %d: %d keys, above the limit of %d", h.Term, h.Epoch, len(rows), lim.MaxKeys)
+	}
+	if TableDigest(rows) != d.Digest {
+		return nil, fmt.Errorf("%w: table %d.%d patched from %d.%d does not have the digest its delta names", ErrBase, head.Term, head.Epoch, base.Term, base.Epoch)
+	}
+	t := *h
+	t.Keys = rows
+	if len(rows) == 0 {
+		t.Keys = nil
+	}
+	return &t, nil
+}
+
+// cloneRow copies a row out of the message it was decoded from, so a
+// table patched again and again does not keep every delta head alive.
+func cloneRow(ks rebalance.KeyShares) rebalance.KeyShares {
+	ks.Key = strings.Clone(ks.Key)
+	ks.Shares = slices.Clone(ks.Shares)
+	ks.Bursts = slices.Clone(ks.Bursts)
+	return ks
+}
+
+// errDigest is joinTable's refusal of a delta table whose chunks do not
+// hold the rows its delta's digest names.
+var errDigest = errors.New("the rows do not have the digest the delta names")
