@@ -16,6 +16,7 @@ import (
 // the trusted key, so that table bodies are explored past the signature.
 //
 //	go test -fuzz=FuzzDecode ./gossip/wire/
+//
 // fuzzBase is the base the fuzzed delta heads are patched onto.
 var fuzzBase = testTable(20, 10, "ap", "eu", "us")
 
