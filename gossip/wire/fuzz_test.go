@@ -10,15 +10,15 @@ import (
 	"github.com/meridian-quota/meridian/gossip/wire"
 )
 
+// fuzzBase is the base the fuzzed delta heads are patched onto.
+var fuzzBase = testTable(20, 10, "ap", "eu", "us")
+
 // FuzzDecode: Decode never panics, every error wraps ErrInvalid, and what
 // it accepts re-encodes to messages that decode to the same value. Each
 // input is also tried as the unsigned prefix of a table, signed here with
 // the trusted key, so that table bodies are explored past the signature.
 //
 //	go test -fuzz=FuzzDecode ./gossip/wire/
-//
-// fuzzBase is the base the fuzzed delta heads are patched onto.
-var fuzzBase = testTable(20, 10, "ap", "eu", "us")
 
 func FuzzDecode(f *testing.F) {
 	reps, _ := wire.EncodeReport(cluster, testReport(30, 12), 99, wire.MinMessage)
