@@ -19,7 +19,6 @@ var fuzzBase = testTable(20, 10, "ap", "eu", "us")
 // the trusted key, so that table bodies are explored past the signature.
 //
 //	go test -fuzz=FuzzDecode ./gossip/wire/
-
 func FuzzDecode(f *testing.F) {
 	reps, _ := wire.EncodeReport(cluster, testReport(30, 12), 99, wire.MinMessage)
 	for _, b := range reps {
