@@ -127,7 +127,9 @@ func appendDelta(b []byte, d *Delta, size int) []byte {
 // EncodeTableFrom is EncodeTable for a table that follows base, the table
 // the coordinator stored before it (nil: none). When base is a table of
 // the same regions before t and a head with the rows that changed since
-// base is smaller than all of EncodeTable's messages, chunk 0 carries
+// base is smaller than all of EncodeTable's messages — by enough that,
+// with one reader per region, the bus carries fewer bytes although the
+// delta's chunks are one message more to store — chunk 0 carries
 // the header and a Delta on base and no rows, and chunks 1 … n every row
 // of t; otherwise the encoding is EncodeTable's. base is trusted: it must
 // be a table the caller encoded before (its rows are compared, not
@@ -161,7 +163,16 @@ func EncodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.Priva
 			emit(chunk{0, 0, head})
 			total, n, err = plan(maxMessage, env, tableFixed(t), 0, len(t.Keys),
 				func(i int) int { return sizeElem(keySharesSize(&t.Keys[i])) }, emit)
-			total, n = total+envSize(env, head), n+1
+			// What the bus carries: the coordinator puts every message
+			// once and each region reads the head, or the whole table.
+			// The delta's chunks cost one put more than the whole
+			// table's, so it must save that much on the heads.
+			readers := len(t.Regions)
+			if err == nil && (readers+1)*envSize(env, head)+total >= (readers+1)*whole {
+				d, chunks = nil, chunks[:0]
+			} else {
+				total, n = total+envSize(env, head), n+1
+			}
 		}
 	}
 	if d == nil {
@@ -302,7 +313,9 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 // says. It fails, wrapping ErrBase, when the delta is on another table or
 // the result's digest is not the delta's; then the chunks hold the table.
 // base is trusted (a table the reader assembled or patched before); the
-// result shares base's unchanged rows, and no table is modified.
+// result shares base's unchanged rows, and no table is modified. A base
+// that is the head's own table (the same term and epoch: the head read
+// again) yields its rows under the head's header, digest checked.
 func Patch(base *rebalance.Table, head *TableChunk, lim Limits) (*rebalance.Table, error) {
 	if err := lim.Validate(); err != nil {
 		return nil, fmt.Errorf("wire: patch: %w", err)
@@ -311,6 +324,16 @@ func Patch(base *rebalance.Table, head *TableChunk, lim Limits) (*rebalance.Tabl
 		return nil, invalidf("patch: not the head of a delta table")
 	}
 	d, h := head.Delta, head.Header
+	if base != nil && base.Term == head.Term && base.Epoch == head.Epoch {
+		// The head of the table the reader holds, read again (a resync):
+		// its rows if they have the digest the head names.
+		if !slices.Equal(base.Regions, h.Regions) || TableDigest(base.Keys) != d.Digest {
+			return nil, fmt.Errorf("%w: table %d.%d read again does not have the digest its delta names", ErrBase, head.Term, head.Epoch)
+		}
+		t := *h
+		t.Keys = base.Keys
+		return &t, nil
+	}
 	switch {
 	case base == nil:
 		return nil, fmt.Errorf("%w: table %d.%d is a delta on %d.%d; no base held", ErrBase, head.Term, head.Epoch, d.BaseTerm, d.BaseEpoch)

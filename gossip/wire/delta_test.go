@@ -134,6 +134,12 @@ func TestDeltaProperties(t *testing.T) {
 			t.Fatal(err)
 		}
 		equalTables(t, got, next)
+		// The head read again by a reader now holding its table (a resync).
+		again, err := wire.Patch(got, head, lim)
+		if err != nil {
+			t.Fatalf("the head read again onto its own table: %v", err)
+		}
+		equalTables(t, again, next)
 		// A reader of the previous minor version skips field 7.
 		old := slices.Clone(msgs)
 		old[0] = stripDelta(t, msgs[0])
