@@ -25,8 +25,11 @@
 //     the chunks to fetch (a ChunkRequest); Chunks takes them, refusing
 //     any that fails to verify or belongs to another table, and joins them
 //     with a wire.Assembler. ReadTable does both through the store's
-//     FetchChunks. The coordinator reads the stored head with a fresh
-//     TableReader as its term starts, so both sides verify alike.
+//     FetchChunks. A reader keeps the last table it read as its base and
+//     patches a delta head built on it (wire.Patch, digest checked) from
+//     the head alone; a delta on another base is read from its chunks.
+//     The coordinator reads the stored head with a fresh TableReader as
+//     its term starts, so both sides verify alike.
 //   - Follower decides which verified tables reach the agent: only one
 //     strictly newer by (term, epoch) than the last delivered, so a
 //     replayed, repeated or reordered head never goes back, and a new

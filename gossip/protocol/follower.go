@@ -31,6 +31,14 @@ import (
 // until that partial is dropped. A fresh reader per read (the coordinator
 // reading the stored head as its term starts) keeps nothing between reads.
 //
+// A reader keeps the last whole table it returned as its base. A delta
+// head (wire.EncodeTableFrom) built on that base is patched onto it
+// (wire.Patch, which checks the head's digest of the whole table) and
+// returned from the head alone, with no chunks to fetch; a delta head on
+// any other base — the reader missed a table, or is new — is read from its
+// chunks like any other. Resume seeds the base (an agent restarting with
+// the table it held).
+//
 // A TableReader is not safe for concurrent use.
 type TableReader struct {
 	cluster string
@@ -39,6 +47,9 @@ type TableReader struct {
 	asm     *wire.Assembler
 	msgs    int64
 	bytes   int64
+	base    *rebalance.Table
+	patched int64
+	missed  int64
 }
 
 // ChunkRequest names the chunks a head needs before its table is whole:
@@ -70,12 +81,59 @@ func (r *TableReader) Head(head []byte) (t *rebalance.Table, need *ChunkRequest,
 		return nil, nil, fmt.Errorf("%w: the table head is not a table's first chunk", wire.ErrInvalid)
 	}
 	r.accept(head)
+	if m.Table.Delta != nil {
+		if t, err := wire.Patch(r.base, m.Table, r.limits); err == nil {
+			r.patched++
+			r.base = t
+			return t, nil, nil
+		} else if !errors.Is(err, wire.ErrBase) {
+			return nil, nil, err
+		}
+		r.missed++
+	}
 	t, done, err := r.asm.AddTable(m.Table)
 	if err != nil || done {
+		r.keep(t)
 		return t, nil, err
 	}
 	return nil, &ChunkRequest{Term: m.Table.Term, Epoch: m.Table.Epoch, Count: m.Table.Count}, nil
 }
+
+// Header decodes and verifies head, which must be a table's first chunk,
+// and returns its header: the table without its rows. That is enough to
+// order it against another by (term, epoch) — Term.Fenced needs no more —
+// without fetching chunks a replayed or deposing head may no longer have.
+// Errors are Head's.
+func (r *TableReader) Header(head []byte) (*rebalance.Table, error) {
+	m, err := wire.Decode(r.cluster, head, r.limits, r.keys)
+	if err != nil {
+		return nil, err
+	}
+	if m.Kind != wire.KindTable || m.Table.Index != 0 {
+		return nil, fmt.Errorf("%w: the table head is not a table's first chunk", wire.ErrInvalid)
+	}
+	r.accept(head)
+	h := *m.Table.Header
+	h.Keys = nil
+	return &h, nil
+}
+
+// keep makes t, a whole table just read, the base for the next delta head.
+func (r *TableReader) keep(t *rebalance.Table) {
+	if t != nil {
+		r.base = t
+	}
+}
+
+// Resume makes t the base the next delta head is patched onto, as if the
+// reader had just read it: an agent restarted with the table it held. A
+// base that is not the delta's is harmless (the head is read from its
+// chunks); t is not modified, and must not be afterwards.
+func (r *TableReader) Resume(t *rebalance.Table) { r.base = t }
+
+// Deltas returns how many delta heads the reader patched onto its base,
+// and how many it could not (another base) and read from their chunks.
+func (r *TableReader) Deltas() (patched, missed int64) { return r.patched, r.missed }
 
 // Chunks adds the chunks fetched for req (chunks 1 … req.Count-1, in any
 // order) and returns the whole table. It stops at the first chunk refused:
@@ -97,6 +155,7 @@ func (r *TableReader) Chunks(req *ChunkRequest, chunks [][]byte) (*rebalance.Tab
 		r.accept(b)
 		t, done, err := r.asm.AddTable(c.Table)
 		if err != nil || done {
+			r.keep(t)
 			return t, err
 		}
 	}

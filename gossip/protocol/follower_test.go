@@ -366,3 +366,101 @@ func TestOutEncode(t *testing.T) {
 		t.Fatalf("report decodes as %+v, %v", m.Report, err)
 	}
 }
+
+// TestTableReaderPatchesDeltas: a reader that read a table patches the
+// delta head that follows it from the head alone (ReadTable fetches
+// nothing); a reader that missed a table, or a new one, reads the same head
+// from its chunks; Resume seeds the base. Every path yields the same table.
+func TestTableReaderPatchesDeltas(t *testing.T) {
+	t1 := table(4, 9, 300)
+	next := func(b *rebalance.Table, key int) *rebalance.Table {
+		n := *b
+		n.Epoch++
+		n.Keys = slices.Clone(b.Keys)
+		n.Keys[key].Shares = []uint32{500_000, 500_000}
+		n.Keys[key].Version++
+		return &n
+	}
+	t2 := next(t1, 7)
+	t3 := next(t2, 200)
+	st := &store{chunks: map[[2]uint64][][]byte{}}
+	put := func(tb, base *rebalance.Table) []byte {
+		c, err := wire.EncodeTableFrom(cluster, tb, base, coordKey, wire.MinMessage)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.chunks[[2]uint64{tb.Term, tb.Epoch}] = c
+		return c[0]
+	}
+	h1, h2, h3 := put(t1, nil), put(t2, t1), put(t3, t2)
+	ctx := context.Background()
+	read := func(r *protocol.TableReader, s protocol.ChunkFetcher, head []byte, want *rebalance.Table) {
+		t.Helper()
+		got, err := protocol.ReadTable(ctx, s, r, head)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("read table %d.%d differs from the one encoded", want.Term, want.Epoch)
+		}
+	}
+	noFetch := &store{err: errors.New("a delta head on the reader's base fetched chunks")}
+
+	r := newReader()
+	read(r, st, h1, t1)
+	read(r, noFetch, h2, t2)
+	read(r, noFetch, h3, t3)
+	if p, m := r.Deltas(); p != 2 || m != 0 {
+		t.Fatalf("Deltas = %d patched %d missed, want 2, 0", p, m)
+	}
+	read(r, noFetch, h3, t3) // a resync reads the head it holds again
+	msgs, _ := r.Accepted()
+	if want := int64(len(st.chunks[[2]uint64{4, 9}]) + 3); msgs != want {
+		t.Fatalf("Accepted %d messages, want %d (table 1's chunks and three heads)", msgs, want)
+	}
+
+	// Missed t2: t3's head is on another base and is read from its chunks,
+	// after which the reader patches again.
+	r = newReader()
+	read(r, st, h1, t1)
+	read(r, st, h3, t3)
+	if p, m := r.Deltas(); p != 0 || m != 1 {
+		t.Fatalf("after a missed table, Deltas = %d patched %d missed, want 0, 1", p, m)
+	}
+	t4 := next(t3, 0)
+	read(r, noFetch, put(t4, t3), t4)
+
+	// A new reader reads a delta head from its chunks; Resume lets one
+	// patch it.
+	read(newReader(), st, h2, t2)
+	r = newReader()
+	r.Resume(t1)
+	read(r, noFetch, h2, t2)
+	// A failed fetch of a missed delta's chunks is "unavailable", not a
+	// verdict on the table.
+	r = newReader()
+	r.Resume(t3)
+	if _, err := protocol.ReadTable(ctx, noFetch, r, h2); err == nil || protocol.Classify(err) != protocol.RefusedUnavailable {
+		t.Fatalf("ReadTable of a delta on a base not held, fetch failing: %v (%s)", err, protocol.Classify(err))
+	}
+}
+
+// TestTableReaderHeader: Header verifies a head and returns its table's
+// header without fetching a chunk, so a coordinator whose write was fenced
+// can tell who wrote a head whose chunks are gone; it refuses what Head
+// refuses.
+func TestTableReaderHeader(t *testing.T) {
+	tb := table(4, 9, 300)
+	chunks := encode(t, cluster, tb, coordKey, wire.MinMessage)
+	h, err := newReader().Header(chunks[0])
+	if err != nil || h.Term != 4 || h.Epoch != 9 || h.Keys != nil || !slices.Equal(h.Regions, tb.Regions) {
+		t.Fatalf("Header = %+v, %v: want table 4/9's header, no rows", h, err)
+	}
+	if _, err := newReader().Header(chunks[1]); !errors.Is(err, wire.ErrInvalid) {
+		t.Fatalf("Header of chunk 1: %v", err)
+	}
+	forged := encode(t, cluster, tb, forger, wire.MinMessage)
+	if _, err := newReader().Header(forged[0]); protocol.Classify(err) != protocol.RefusedSignature {
+		t.Fatalf("Header of a forged head: %v", err)
+	}
+}
