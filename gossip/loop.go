@@ -767,11 +767,16 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 	l.mu.Lock()
 	l.holder = Leadership{Term: term, ID: l.cfg.Election.ID, Since: time.Now()}
 	l.mu.Unlock()
+	// base is the table the agents are expected to hold, the one each
+	// table is encoded as a delta on (wire.EncodeTableFrom): the head read
+	// as the term starts, then each table stored. An agent on another base
+	// reads the chunks, which hold every row.
+	base := latest
 	store := func(t *rebalance.Table) error {
 		if t == nil {
 			return nil
 		}
-		chunks, err := wire.EncodeTable(l.cfg.Cluster, t, l.cfg.SignKey, l.cfg.MaxMessage)
+		chunks, err := wire.EncodeTableFrom(l.cfg.Cluster, t, base, l.cfg.SignKey, l.cfg.MaxMessage)
 		if err != nil {
 			return fmt.Errorf("encode table: %w", err)
 		}
@@ -786,10 +791,12 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 				log.Warn("read the head that fenced a table write (retrying next tick)", "epoch", t.Epoch, "err", herr)
 				return nil
 			}
+			// Its header is enough to say who wrote it, and needs no
+			// chunks: a replayed head's are long purged.
 			var cur *rebalance.Table
 			if ok {
 				var verr error
-				if cur, verr = l.readTable(ctx, l.tableReader(), h); verr != nil {
+				if cur, verr = l.tableReader().Header(h); verr != nil {
 					l.invalid("table", verr)
 					cur = nil
 				}
@@ -811,7 +818,7 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			log.Warn("store table (retrying next tick)", "epoch", t.Epoch, "err", serr)
 			return nil
 		}
-		rev = nrev
+		rev, base = nrev, t
 		n := 0
 		for _, b := range chunks {
 			n += len(b)
