@@ -17,13 +17,15 @@ import (
 )
 
 // The simulator's KV bucket and NATS, as gossip.Loop and gossip.Transport
-// use them: the coordinator signs each table (wire.EncodeTable) and
+// use them: the coordinator signs each table (wire.EncodeTableFrom, a
+// delta on the table it stored before when that is smaller) and
 // compare-and-sets its head on the revision it last wrote or read
 // (protocol.Term.Stored decides what a refusal means); every agent watches
 // the head — protocol.HeadOrder choosing which heads it delivers,
 // protocol.WatchTimer timing a failed watch's retries and its resyncs —
 // reads each head with a protocol.TableReader against the cluster's trusted
-// key, and hands what verifies to its protocol.Follower and then its node.
+// key, holding the last table it read as the delta base, and hands what
+// verifies to its protocol.Follower and then its node.
 // A term starts from the head it reads (a head it cannot verify is no
 // table: the floors), and a term fenced or refused by NewTerm ends as
 // gossip's campaignOnce ends it: the candidate releases the key and stands
@@ -37,8 +39,12 @@ import (
 // write or read after the coordinator's region's link delay (the election
 // key after kvHalf); a watch that is up delivers every write unless the
 // link loses it; heads are verified once per distinct write (a fresh
-// TableReader per head, the same verdict every agent would reach, cached
-// because ed25519 verification is most of a run's time otherwise).
+// TableReader per head, seeded with the first reading agent's base: the
+// same verdict every agent would reach, since a patched table's digest is
+// checked, cached because ed25519 verification is most of a run's time
+// otherwise). Control bytes: each region pays every head, and a table's
+// chunks once when its agents cannot patch the head (no base, or another);
+// the coordinator's puts of the chunks are paid once per table.
 
 // tableStore is the bucket's table head and chunks.
 type tableStore struct {
@@ -72,6 +78,17 @@ type agentWatch struct {
 	timer   protocol.WatchTimer
 	down    bool             // the watch failed and is being re-created
 	applied *rebalance.Table // the last table its node applied
+	read    *rebalance.Table // the last table its reader read: its delta base
+}
+
+// headCost is what reading a head a coordinator stored costs a region:
+// the head (writeHead counts it), and its chunks (rest bytes in msgs
+// messages) unless the head is a delta on base, or the head of self, the
+// table the region's agents read last.
+type headCost struct {
+	self, base [2]uint64
+	delta      bool
+	rest, msgs int
 }
 
 // verdict is a head's reading, cached per distinct write.
@@ -96,6 +113,7 @@ func (r *Run) clusterKeys() {
 	}
 	r.forgeKey = ed25519.NewKeyFromSeed(seed[:])
 	r.verified = map[*byte]verdict{}
+	r.heads = map[*byte]headCost{}
 }
 
 // natsDown reports whether a NATS outage is on now.
@@ -118,20 +136,41 @@ func (r *Run) agentCut(ri, a int) bool {
 // kvReachable reports whether agent a of region ri can call the bucket.
 func (r *Run) kvReachable(ri, a int) bool { return !r.agentCut(ri, a) && !r.tkv.lost }
 
-// readHead reads head as a coordinator or an agent does: a TableReader
-// trusting the cluster's key, the chunks fetched from the bucket.
-func (r *Run) readHead(head []byte) (*rebalance.Table, error) {
+// readHead reads head as a coordinator does as its term starts: a fresh
+// TableReader trusting the cluster's key, the chunks fetched from the
+// bucket.
+func (r *Run) readHead(head []byte) (*rebalance.Table, error) { return r.readHeadOn(head, nil) }
+
+// readHeader reads head's header alone, as coordinate does when its
+// write was fenced (TableReader.Header).
+func (r *Run) readHeader(head []byte) (*rebalance.Table, error) {
+	if len(head) == 0 {
+		return nil, fmt.Errorf("%w: empty head", wire.ErrInvalid)
+	}
+	return protocol.NewTableReader(wireCluster, r.readLimits(), r.verifyKeys).Header(head)
+}
+
+// readLimits are the limits every reader in the run decodes with.
+func (r *Run) readLimits() wire.Limits {
+	lim := wire.DefaultLimits()
+	// The full strategy's tables over-commit by the operator's choice; a
+	// receiver must be told to take them.
+	lim.AllowOvercommit = r.rcfg.Params.AllowOvercommit
+	return lim
+}
+
+// readHeadOn reads head as an agent's watch does, its reader holding base
+// (nil: none), the last table it read: a delta head on base is patched,
+// any other read from its chunks.
+func (r *Run) readHeadOn(head []byte, base *rebalance.Table) (*rebalance.Table, error) {
 	if len(head) == 0 {
 		return nil, fmt.Errorf("%w: empty head", wire.ErrInvalid)
 	}
 	if v, ok := r.verified[&head[0]]; ok {
 		return v.t, v.err
 	}
-	lim := wire.DefaultLimits()
-	// The full strategy's tables over-commit by the operator's choice; a
-	// receiver must be told to take them.
-	lim.AllowOvercommit = r.rcfg.Params.AllowOvercommit
-	rd := protocol.NewTableReader(wireCluster, lim, r.verifyKeys)
+	rd := protocol.NewTableReader(wireCluster, r.readLimits(), r.verifyKeys)
+	rd.Resume(base)
 	t, err := protocol.ReadTable(context.Background(), chunkFetcher{r}, rd, head)
 	if err == nil || protocol.Classify(err) != protocol.RefusedUnavailable {
 		r.verified[&head[0]] = verdict{t, err}
@@ -179,14 +218,15 @@ func (r *Run) storeTable(ci int, prev uint64, t *rebalance.Table, chunks [][]byt
 }
 
 // writeHead sends the head just written to every region's watchers,
-// after the link from the bucket (at the coordinator's region).
-func (r *Run) writeHead(head []byte, rev uint64, msgs int) {
+// after the link from the bucket (at the coordinator's region), and
+// counts it once per region.
+func (r *Run) writeHead(head []byte, rev uint64) {
 	for ri := range r.regions {
-		r.dec.Tables += int64(msgs)
+		r.dec.Tables++
 		r.dec.TableBytes += int64(len(head))
 		d, lost := r.link(r.coordIdx, ri)
 		if lost {
-			r.dec.Lost += int64(msgs)
+			r.dec.Lost++
 			continue
 		}
 		hm := &headMsg{head: head, rev: rev}
@@ -223,11 +263,23 @@ func (r *Run) deliverHead(ri, a int, hm *headMsg) error {
 	if !w.order.Seen(hm.rev) {
 		return nil
 	}
-	t, err := r.readHead(hm.head)
+	t, err := r.readHeadOn(hm.head, w.read)
 	if err != nil {
 		r.dec.InvalidHeads++
 		return nil
 	}
+	if hc, ok := r.heads[&hm.head[0]]; ok && hc.msgs > 0 && rg.fetched != hc.self {
+		held := [2]uint64{}
+		if w.read != nil {
+			held = [2]uint64{w.read.Term, w.read.Epoch}
+		}
+		if held != hc.self && (!hc.delta || held != hc.base) {
+			rg.fetched = hc.self
+			r.dec.Tables += int64(hc.msgs)
+			r.dec.TableBytes += int64(hc.rest)
+		}
+	}
+	w.read = t
 	if ok, _ := rg.follow[a].Offer(t); !ok {
 		r.dec.StaleTables++
 		return nil
@@ -358,7 +410,7 @@ func (r *Run) headWrite(h HeadSpec) error {
 	}
 	r.bucketSeq++
 	r.tkv.head, r.tkv.rev, r.tkv.byCoord = slices.Clone(head), r.bucketSeq, false
-	r.writeHead(r.tkv.head, r.tkv.rev, 1)
+	r.writeHead(r.tkv.head, r.tkv.rev)
 	return nil
 }
 

@@ -177,6 +177,9 @@ type regionState struct {
 	rr     int
 	weight float64
 	first  int // index of this region's first agent among all agents
+	// fetched is the (term, epoch) whose chunks the region's agents last
+	// fetched: a region pays a table's chunks once (writeHead's model).
+	fetched [2]uint64
 }
 
 // pick is the agent the region's next request goes to: round robin over
@@ -286,6 +289,7 @@ type Run struct {
 	coordIdx int            // the region of the coordinator (the last one while none leads)
 	term     uint64
 	stored   *rebalance.Table // the latest table a coordinator stored
+	cbase    *rebalance.Table // the running term's delta base, as coordinate keeps it
 	crev     uint64           // the head revision the running term last wrote or read
 
 	// The KV bucket and NATS (cluster.go).
@@ -295,6 +299,7 @@ type Run struct {
 	forgeKey   ed25519.PrivateKey
 	verifyKeys []ed25519.PublicKey
 	verified   map[*byte]verdict
+	heads      map[*byte]headCost // per head a coordinator stored: what reading it costs
 	// krng draws the links of the agents' own head reads (resyncs, watch
 	// re-creations) and of duplicates: a stream of its own, so that runs
 	// without faults draw their workload exactly as before the bucket was
@@ -698,6 +703,7 @@ func (r *Run) startCoordinator(ci int, term uint64, now int64) error {
 		r.dec.InvalidHeads++
 		latest = nil
 	}
+	r.cbase = latest
 	c.led = max(c.led, term)
 	if latest != nil {
 		c.led = max(c.led, latest.Term)
@@ -1605,7 +1611,7 @@ func (r *Run) publish(t *rebalance.Table) error {
 	if t == nil || r.coord == nil {
 		return nil
 	}
-	chunks, err := wire.EncodeTable(wireCluster, t, r.signKey, wire.DefaultMaxMessage)
+	chunks, err := wire.EncodeTableFrom(wireCluster, t, r.cbase, r.signKey, wire.DefaultMaxMessage)
 	if err != nil {
 		return fmt.Errorf("sim: encode table: %w", err)
 	}
@@ -1620,7 +1626,7 @@ func (r *Run) publish(t *rebalance.Table) error {
 		}
 		var cur *rebalance.Table
 		if r.tkv.rev != 0 {
-			h, err := r.readHead(r.tkv.head)
+			h, err := r.readHeader(r.tkv.head)
 			switch {
 			case err == nil:
 				cur = h
@@ -1644,13 +1650,21 @@ func (r *Run) publish(t *rebalance.Table) error {
 		r.dec.StoreErrors++
 		return nil
 	}
-	r.crev, r.stored = rev, t
-	bytes := 0
-	for _, b := range chunks {
-		bytes += len(b)
+	r.crev, r.stored, r.cbase = rev, t, t
+	// The coordinator's puts of chunks 1..n, once per table; each region
+	// pays the head (writeHead) and, when its agents cannot patch the
+	// head onto the table they hold, the chunks (deliverHead).
+	hc := headCost{self: [2]uint64{t.Term, t.Epoch}, msgs: len(chunks) - 1}
+	for _, b := range chunks[1:] {
+		hc.rest += len(b)
 	}
-	r.writeHead(r.tkv.head, rev, len(chunks))
-	r.dec.TableBytes += int64((bytes - len(chunks[0])) * len(r.regions))
+	if m, err := wire.Decode(wireCluster, chunks[0], r.readLimits(), r.verifyKeys); err == nil && m.Table.Delta != nil {
+		hc.delta, hc.base = true, [2]uint64{m.Table.Delta.BaseTerm, m.Table.Delta.BaseEpoch}
+	}
+	r.heads[&chunks[0][0]] = hc
+	r.dec.Tables += int64(hc.msgs)
+	r.dec.TableBytes += int64(hc.rest)
+	r.writeHead(r.tkv.head, rev)
 	return nil
 }
 
