@@ -32,6 +32,10 @@ type Report struct {
 	Term, Epoch   uint64 // the table in force at the agent at the end of the interval
 	PolicyVersion string
 	Keys          []KeyDemand
+	// Features are the control-plane features the agent's reader handles
+	// (gossip/wire's Feature bits); the coordinator uses one only once
+	// every agent its table names has reported it. The core ignores it.
+	Features uint32
 }
 
 // Member is one live agent as membership sees it.

@@ -156,10 +156,10 @@ func (a *Assembler) AddReport(c *ReportChunk) (r *rebalance.Report, done bool, e
 	// Every chunk carries the report's fields: they must agree with the
 	// first chunk's (a chunk of another count is addChunk's to refuse).
 	if f := p.report[p.first]; f != nil && c.Count == p.count &&
-		(f.Sent != c.Sent || f.Report.Term != cr.Term || f.Report.Epoch != cr.Epoch || f.Report.PolicyVersion != cr.PolicyVersion) {
+		(f.Sent != c.Sent || f.Report.Term != cr.Term || f.Report.Epoch != cr.Epoch || f.Report.PolicyVersion != cr.PolicyVersion || f.Report.Features != cr.Features) {
 		a.drop(id)
-		return nil, false, invalidf("%s: sent %d term %d epoch %d policy %q, but chunk %d says sent %d term %d epoch %d policy %q",
-			where(), c.Sent, cr.Term, cr.Epoch, cr.PolicyVersion, p.first, f.Sent, f.Report.Term, f.Report.Epoch, f.Report.PolicyVersion)
+		return nil, false, invalidf("%s: sent %d term %d epoch %d policy %q features %#x, but chunk %d says sent %d term %d epoch %d policy %q features %#x",
+			where(), c.Sent, cr.Term, cr.Epoch, cr.PolicyVersion, cr.Features, p.first, f.Sent, f.Report.Term, f.Report.Epoch, f.Report.PolicyVersion, f.Report.Features)
 	}
 	if done, err := addChunk(a, id, p, p.report, c, c.Index, c.Count, len(cr.Keys), where); !done {
 		return nil, false, err
@@ -217,6 +217,8 @@ func (a *Assembler) AddTable(c *TableChunk) (t *rebalance.Table, done bool, err 
 		return nil, false, invalidf("%s: header says term %d epoch %d", where(), c.Header.Term, c.Header.Epoch)
 	case len(c.Keys) > a.lim.MaxKeys:
 		return nil, false, invalidf("%s: %d keys, above the limit of %d", where(), len(c.Keys), a.lim.MaxKeys)
+	case c.Delta != nil && c.Delta.InBase:
+		return nil, false, invalidf("%s: a head whose rows are its base's (PatchRows reads it), not chunks of its own", where())
 	}
 	id := setID{kind: KindTable, term: c.Term, epoch: c.Epoch}
 	p := a.pending[id]

@@ -282,6 +282,7 @@ func decodeReport(body []byte, lim Limits) (*ReportChunk, error) {
 		seen                  fieldSet
 		region, agent, policy []byte
 		index, count          uint64
+		features              uint64
 		nkeys                 int
 	)
 	// Pass 1: the singular fields, and how many keys there are.
@@ -309,6 +310,10 @@ func decodeReport(body []byte, lim Limits) (*ReportChunk, error) {
 		case fRepKeys:
 			fr.why = wantType(f, protowire.BytesType)
 			nkeys++
+		case fRepFeatures:
+			if fr.why = seen.u64(f, &features); fr.why == "" && features > math.MaxUint32 {
+				fr.why = fmt.Sprintf("features %d: above 2^32-1", features)
+			}
 		}
 	}
 	if fr.why != "" {
@@ -318,6 +323,7 @@ func decodeReport(body []byte, lim Limits) (*ReportChunk, error) {
 		return nil, invalidf("report chunk: %s", why)
 	}
 	c.Index, c.Count = int(index), int(count)
+	r.Features = uint32(features)
 	var why string
 	if r.Region, why = name(region, lim.MaxName, false); why != "" {
 		return nil, invalidf("report chunk %d: region: %s", index, why)

@@ -38,6 +38,11 @@ type Delta struct {
 	Digest              [DigestSize]byte
 	Changed             []rebalance.KeyShares
 	Removed             []string
+	// InBase: the table stores no chunks of its own. Its rows are the
+	// base's — chunks 1 … Count-1 stored under the base's term and epoch,
+	// whose head carries none — with this delta applied (EncodeTableOn,
+	// PatchRows).
+	InBase bool
 }
 
 // ErrBase is wrapped by Patch's error when the delta does not apply to
@@ -106,6 +111,9 @@ func deltaSize(d *Delta) int {
 	for _, k := range d.Removed {
 		n += sizeElem(len(k))
 	}
+	if d.InBase {
+		n += 2
+	}
 	return n
 }
 
@@ -121,6 +129,9 @@ func appendDelta(b []byte, d *Delta, size int) []byte {
 	for _, k := range d.Removed {
 		b = appendElem(b, fDelRemoved, k)
 	}
+	if d.InBase {
+		b = appendU(b, fDelInBase, 1)
+	}
 	return b
 }
 
@@ -135,6 +146,19 @@ func appendDelta(b []byte, d *Delta, size int) []byte {
 // be a table the caller encoded before (its rows are compared, not
 // checked).
 func EncodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.PrivateKey, maxMessage int) ([][]byte, error) {
+	return encodeTableFrom(cluster, t, base, key, maxMessage, false)
+}
+
+// EncodeTableBase is EncodeTableFrom with no rows in chunk 0, so that the
+// table's chunks 1 … n hold every row and a later table can be encoded as
+// a delta on it alone (EncodeTableOn): the table a coordinator stores as
+// the base of the heads that follow. A table with no rows is one message,
+// as EncodeTableFrom makes it, and is no such base.
+func EncodeTableBase(cluster string, t, base *rebalance.Table, key ed25519.PrivateKey, maxMessage int) ([][]byte, error) {
+	return encodeTableFrom(cluster, t, base, key, maxMessage, true)
+}
+
+func encodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.PrivateKey, maxMessage int, rowsOut bool) ([][]byte, error) {
 	if len(key) != ed25519.PrivateKeySize {
 		return nil, fmt.Errorf("wire: encode table: private key of %d bytes, want %d", len(key), ed25519.PrivateKeySize)
 	}
@@ -175,7 +199,17 @@ func EncodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.Priva
 			}
 		}
 	}
-	if d == nil {
+	switch {
+	case d == nil && rowsOut && len(t.Keys) > 0:
+		head := tableFixed(t) + sizeElem(hdr)
+		if envSize(env, head) > maxMessage {
+			return nil, fmt.Errorf("wire: encode table: header of %d bytes does not fit in a %d-byte message", envSize(env, head), maxMessage)
+		}
+		emit(chunk{0, 0, head})
+		total, n, err = plan(maxMessage, env, tableFixed(t), 0, len(t.Keys),
+			func(i int) int { return sizeElem(keySharesSize(&t.Keys[i])) }, emit)
+		total, n = total+envSize(env, head), n+1
+	case d == nil:
 		total, n, err = planTable(cluster, t, hdr, maxMessage, emit)
 	}
 	if err != nil {
@@ -184,12 +218,91 @@ func EncodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.Priva
 	if d != nil {
 		d.Digest = TableDigest(t.Keys)
 	}
-	return writeTable(cluster, t, key, hdr, d, dsize, chunks, total, n), nil
+	return writeTable(cluster, t, key, hdr, d, dsize, chunks, total, n, n), nil
+}
+
+// EncodeTableOn encodes t as one message: a head carrying the header and
+// a Delta on base whose rows are base's (Delta.InBase), and no chunks of
+// its own. base must be a table the caller stored with EncodeTableBase in
+// count messages (count ≥ 2), whose chunks are still stored; a reader
+// holding base's rows patches them, any other fetches base's chunks 1 …
+// count-1 and patches those (BaseRows, Patch). ok is false, with no error,
+// when t cannot be such a delta (base is no table of t's regions before
+// it, or has no rows) or the head would not fit in maxMessage; the caller
+// then stores a new base, as it does when that costs the bus less.
+//
+// A reader of an earlier minor version, which skips the delta, reads the
+// head as a table of count chunks under t's own term and epoch, finds none
+// and applies nothing: a coordinator uses EncodeTableOn only once every
+// agent its table names has reported FeatureInBase.
+func EncodeTableOn(cluster string, t, base *rebalance.Table, count int, key ed25519.PrivateKey, maxMessage int) (head []byte, ok bool, err error) {
+	if len(key) != ed25519.PrivateKeySize {
+		return nil, false, fmt.Errorf("wire: encode table: private key of %d bytes, want %d", len(key), ed25519.PrivateKeySize)
+	}
+	if err := checkTable(cluster, t); err != nil {
+		return nil, false, fmt.Errorf("wire: encode table: %w", err)
+	}
+	if !deltaCanBase(base, t) || len(base.Keys) == 0 || count < 2 || int64(count) > 1<<32-1 {
+		return nil, false, nil
+	}
+	d := diff(base, t)
+	d.InBase = true
+	hdr, env := headerSize(t), envFixed(cluster, true)
+	dsize := deltaSize(d)
+	body := tableFixed(t) + sizeElem(hdr) + sizeElem(dsize)
+	size := envSize(env, body)
+	if size > maxMessage {
+		return nil, false, nil
+	}
+	d.Digest = TableDigest(t.Keys)
+	out := writeTable(cluster, t, key, hdr, d, dsize, []chunk{{0, 0, body}}, size, 1, count)
+	return out[0], true, nil
+}
+
+// BaseRows returns the base table an InBase delta head names, as far as
+// its chunks give it: term, epoch and the rows of chunks 1 … count-1 of
+// table (term, epoch), decoded in order (none of them a head), under the
+// head's regions — what Patch takes as the base. Every error wraps
+// ErrInvalid: a chunk of another table, out of order, with a header, or
+// rows out of order or unfit for regions.
+func BaseRows(term, epoch uint64, count int, regions []string, chunks []*TableChunk, lim Limits) (*rebalance.Table, error) {
+	if count < 2 || len(chunks) != count-1 {
+		return nil, invalidf("base table %d.%d: %d chunks for a count of %d", term, epoch, len(chunks), count)
+	}
+	n := 0
+	for i, c := range chunks {
+		switch {
+		case c == nil || c.Term != term || c.Epoch != epoch:
+			return nil, invalidf("base table %d.%d chunk %d: of another table", term, epoch, i+1)
+		case c.Index != i+1 || c.Count != count:
+			return nil, invalidf("base table %d.%d: chunk %d of %d where chunk %d of %d was due", term, epoch, c.Index, c.Count, i+1, count)
+		case c.Header != nil || c.Delta != nil:
+			return nil, invalidf("base table %d.%d chunk %d: a head", term, epoch, i+1)
+		}
+		n += len(c.Keys)
+	}
+	if n > lim.MaxKeys {
+		return nil, invalidf("base table %d.%d: %d keys, above the limit of %d", term, epoch, n, lim.MaxKeys)
+	}
+	t := &rebalance.Table{Term: term, Epoch: epoch, Regions: regions, Keys: make([]rebalance.KeyShares, 0, n)}
+	for _, c := range chunks {
+		for i := range c.Keys {
+			ks := &c.Keys[i]
+			if err := checkRow(ks, len(regions), lim); err != nil {
+				return nil, invalidf("base table %d.%d key %q: %v", term, epoch, ks.Key, err)
+			}
+			if k := len(t.Keys); k > 0 && t.Keys[k-1].Key >= ks.Key {
+				return nil, invalidf("base table %d.%d key %q: keys not sorted and distinct", term, epoch, ks.Key)
+			}
+			t.Keys = append(t.Keys, *ks)
+		}
+	}
+	return t, nil
 }
 
 // writeTable writes the planned chunks of t (chunk 0 with delta d, unless
 // nil) and signs each.
-func writeTable(cluster string, t *rebalance.Table, key ed25519.PrivateKey, hdr int, d *Delta, dsize int, chunks []chunk, total, n int) [][]byte {
+func writeTable(cluster string, t *rebalance.Table, key ed25519.PrivateKey, hdr int, d *Delta, dsize int, chunks []chunk, total, n, count int) [][]byte {
 	buf := make([]byte, 0, total)
 	out := make([][]byte, n)
 	for ci, c := range chunks {
@@ -198,7 +311,7 @@ func writeTable(cluster string, t *rebalance.Table, key ed25519.PrivateKey, hdr 
 		buf = appendU(buf, fTabTerm, t.Term)
 		buf = appendU(buf, fTabEpoch, t.Epoch)
 		buf = appendFixed(buf, fTabIndex, ci)
-		buf = appendFixed(buf, fTabCount, n)
+		buf = appendFixed(buf, fTabCount, count)
 		if ci == 0 {
 			buf = appendLen(buf, fTabHeader, hdr)
 			buf = appendHeader(buf, t)
@@ -225,6 +338,7 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 		digest          []byte
 		nrows, nremoved int
 		nshares, nburst int
+		inBase          uint64
 	)
 	fr := fieldReader{msg: b}
 	for fr.next() {
@@ -246,6 +360,10 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
 				nremoved++
 			}
+		case fDelInBase:
+			if fr.why = seen.u64(f, &inBase); fr.why == "" && inBase > 1 {
+				fr.why = fmt.Sprintf("in_base %d: a bool is 0 or 1", inBase)
+			}
 		}
 	}
 	if fr.why != "" {
@@ -258,6 +376,7 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 		return nil, invalidf("table chunk 0 delta: %d keys, above the limit of %d", nrows+nremoved, lim.MaxKeys)
 	}
 	copy(d.Digest[:], digest)
+	d.InBase = inBase == 1
 	if nrows > 0 {
 		d.Changed = make([]rebalance.KeyShares, 0, nrows)
 	}
@@ -390,3 +509,23 @@ func cloneRow(ks rebalance.KeyShares) rebalance.KeyShares {
 // errDigest is joinTable's refusal of a delta table whose chunks do not
 // hold the rows its delta's digest names.
 var errDigest = errors.New("the rows do not have the digest the delta names")
+
+// IsDeltaHead reports whether b, a table head this package encoded, is a
+// delta head (its chunk 0 carries a Delta): it parses b's fields without
+// verifying its signature, for an encoder weighing its own output.
+func IsDeltaHead(b []byte) bool {
+	env := fieldReader{msg: b}
+	for env.next() {
+		if env.f.num != fEnvBody {
+			continue
+		}
+		body := fieldReader{msg: env.f.b}
+		for body.next() {
+			if body.f.num == fTabDelta {
+				return true
+			}
+		}
+		return false
+	}
+	return false
+}

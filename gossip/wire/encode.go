@@ -32,6 +32,7 @@ const (
 	fRepIndex    = 8
 	fRepCount    = 9
 	fRepKeys     = 10
+	fRepFeatures = 11
 
 	// KeyDemand
 	fKdKey         = 1
@@ -65,6 +66,7 @@ const (
 	fDelDigest    = 3
 	fDelChanged   = 4
 	fDelRemoved   = 5
+	fDelInBase    = 6
 
 	// TableHeader
 	fHdrIssued    = 1
@@ -214,7 +216,7 @@ func plan(maxMessage, env, fixed, first, n int, entry func(int) int, emit func(c
 
 func reportFixed(r *rebalance.Report, sent int64) int {
 	return sizeStr(r.Region) + sizeStr(r.Agent) + sizeS(r.Interval) + sizeU(r.Term) + sizeU(r.Epoch) +
-		sizeStr(r.PolicyVersion) + sizeS(sent) + chunkWords
+		sizeStr(r.PolicyVersion) + sizeS(sent) + chunkWords + sizeU(uint64(r.Features))
 }
 
 func keyDemandSize(k *rebalance.KeyDemand) int {
@@ -268,6 +270,7 @@ func EncodeReport(cluster string, r *rebalance.Report, sent int64, maxMessage in
 		buf = appendS(buf, fRepSent, sent)
 		buf = appendFixed(buf, fRepIndex, ci)
 		buf = appendFixed(buf, fRepCount, n)
+		buf = appendU(buf, fRepFeatures, uint64(r.Features))
 		for i := c.start; i < c.end; i++ {
 			k := &r.Keys[i]
 			buf = appendLen(buf, fRepKeys, keyDemandSize(k))

@@ -39,6 +39,10 @@ func FuzzDecode(f *testing.F) {
 	deltas, _ := wire.EncodeTableFrom(cluster, &next, fuzzBase, testKey, wire.MinMessage)
 	f.Add(deltas[0])
 	f.Add(deltas[0][:len(deltas[0])-2-ed25519.SignatureSize])
+	// An in-base head on fuzzBase, stored as a base in 3 messages.
+	if inBase, ok, _ := wire.EncodeTableOn(cluster, &next, fuzzBase, 3, testKey, wire.MinMessage); ok {
+		f.Add(inBase)
+	}
 	lim := wire.DefaultLimits()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		checkDecode(t, b, lim)
@@ -83,12 +87,19 @@ func checkDecode(t *testing.T, b []byte, lim wire.Limits) {
 		}
 	case wire.KindTable:
 		c := m.Table
-		if c.Count == 1 {
+		switch {
+		case c.Delta != nil && c.Delta.InBase:
+			if _, _, err := a.AddTable(c); !errors.Is(err, wire.ErrInvalid) {
+				t.Fatalf("Assembler takes an in-base head: %v", err)
+			}
+		case c.Count == 1:
 			if _, done, err := a.AddTable(c); err != nil || !done {
 				t.Fatalf("Assembler refuses a decoded one-chunk table: %v", err)
 			}
-		} else if _, _, err := a.AddTable(c); err != nil {
-			t.Fatalf("Assembler refuses a decoded chunk: %v", err)
+		default:
+			if _, _, err := a.AddTable(c); err != nil {
+				t.Fatalf("Assembler refuses a decoded chunk: %v", err)
+			}
 		}
 		if c.Header == nil {
 			return

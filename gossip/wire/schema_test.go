@@ -39,7 +39,7 @@ func loadSchema(t *testing.T) protoreflect.FileDescriptor {
 		"uint32": descriptorpb.FieldDescriptorProto_TYPE_UINT32, "uint64": descriptorpb.FieldDescriptorProto_TYPE_UINT64,
 		"int64": descriptorpb.FieldDescriptorProto_TYPE_INT64, "sint64": descriptorpb.FieldDescriptorProto_TYPE_SINT64,
 		"fixed32": descriptorpb.FieldDescriptorProto_TYPE_FIXED32, "string": descriptorpb.FieldDescriptorProto_TYPE_STRING,
-		"bytes": descriptorpb.FieldDescriptorProto_TYPE_BYTES,
+		"bytes": descriptorpb.FieldDescriptorProto_TYPE_BYTES, "bool": descriptorpb.FieldDescriptorProto_TYPE_BOOL,
 	}
 	enums := map[string]bool{}
 	for _, m := range regexp.MustCompile(`enum\s+(\w+)\s*\{([^}]*)\}`).FindAllStringSubmatch(text, -1) {
@@ -155,6 +155,7 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 
 	r := testReport(3, 10)
 	r.Interval = -4
+	r.Features = wire.FeatureInBase
 	msgs, _ := wire.EncodeReport(cluster, r, -99, wire.DefaultMaxMessage)
 	env := unmarshal(t, file, "Envelope", msgs[0])
 	check("envelope version", get(env, "version"), uint64(1))
@@ -169,6 +170,7 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 	check("policy_version", get(rep, "policy_version"), r.PolicyVersion)
 	check("sent", get(rep, "sent"), int64(-99))
 	check("count", get(rep, "count"), uint64(1))
+	check("features", get(rep, "features"), uint64(wire.FeatureInBase))
 	keys := get(rep, "keys").([]any)
 	check("keys", len(keys), len(r.Keys))
 	for i, k := range keys {
@@ -266,6 +268,21 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 	} else {
 		t.Errorf("delta table of %d chunks; the check wants all rows in chunk 1", len(dmsgs))
 	}
+
+	// An in-base head: the delta's in_base, the base's count, no chunks.
+	base, err := wire.EncodeTableBase(cluster, tb, nil, testKey, wire.DefaultMaxMessage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ihead, ok, err := wire.EncodeTableOn(cluster, &next, tb, len(base), testKey, wire.DefaultMaxMessage)
+	if err != nil || !ok {
+		t.Fatalf("EncodeTableOn: %v, %v", ok, err)
+	}
+	itab := unmarshal(t, file, "Table", get(unmarshal(t, file, "Envelope", ihead), "body").([]byte))
+	id := get(itab, "delta").(protoreflect.Message)
+	check("in-base head rows, count, in_base, base", []any{len(get(itab, "keys").([]any)), get(itab, "count"), get(id, "in_base"), get(id, "base_epoch"), get(id, "digest")},
+		[]any{0, uint64(len(base)), true, tb.Epoch, digest[:]})
+	check("base head rows", len(get(unmarshal(t, file, "Table", get(unmarshal(t, file, "Envelope", base[0]), "body").([]byte)), "keys").([]any)), 0)
 
 	// What the protobuf runtime writes from the schema (index 0 omitted,
 	// fields in number order) decodes to the same values.

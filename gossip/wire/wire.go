@@ -177,3 +177,19 @@ type Message struct {
 	Ack    *Ack
 	Table  *TableChunk
 }
+
+// Feature bits: what an agent's reader handles beyond the format every
+// reader of this major version reads, carried by its reports
+// (rebalance.Report.Features, Report field 11). A coordinator uses a
+// feature only once every agent its table names has reported it; a
+// reader of an earlier minor version reports none.
+const (
+	// FeatureInBase: the reader reads delta heads whose rows are their
+	// base's (Delta.InBase, EncodeTableOn): it patches the base's rows,
+	// held or fetched (BaseRows).
+	FeatureInBase uint32 = 1 << 0
+
+	// Features is every feature this package's readers handle
+	// (protocol.TableReader): what an agent built on it reports.
+	Features = FeatureInBase
+)
