@@ -175,6 +175,10 @@ type Term struct {
 
 	overflow, dropped uint64
 	events            []Event
+
+	// features: each agent's Features, from its latest report observed
+	// this term (Reads); pruned to the agents a table names.
+	features map[rebalance.Member]uint32
 }
 
 // keyState is one key the coordinator has heard of.
@@ -350,8 +354,15 @@ func (t *Term) Tick(now int64) *rebalance.Table {
 		}
 	}
 	for _, rep := range t.pending {
-		if err := t.c.Observe(rep, now); err != nil && !errors.Is(err, rebalance.ErrBadReport) {
+		err := t.c.Observe(rep, now)
+		if err != nil && !errors.Is(err, rebalance.ErrBadReport) {
 			t.event(Event{Kind: EventReportRefused, Err: err})
+		}
+		if err == nil {
+			if t.features == nil {
+				t.features = map[rebalance.Member]uint32{}
+			}
+			t.features[rebalance.Member{Region: rep.Region, Agent: rep.Agent}] = rep.Features
 		}
 	}
 	clear(t.pending)
@@ -366,6 +377,37 @@ func (t *Term) Tick(now int64) *rebalance.Table {
 	t.c.Tick(now)
 	t.collect()
 	return t.unstored
+}
+
+// Reads reports whether every agent tb names has reported, in its latest
+// report this term, every feature bit of f (false for a table that names
+// no agent): the agents tb goes to can read it however f lets the
+// coordinator encode it. An agent tb does not name yet reads tables it
+// may not understand until its report is in; a table it cannot read
+// leaves it on the floors, never on wrong shares. The agents tb does not
+// name are forgotten.
+func (t *Term) Reads(tb *rebalance.Table, f uint32) bool {
+	if tb == nil {
+		return false
+	}
+	named, ok := 0, true
+	for ri, agents := range tb.Agents {
+		for _, a := range agents {
+			named++
+			if t.features[rebalance.Member{Region: tb.Regions[ri], Agent: a}]&f != f {
+				ok = false
+			}
+		}
+	}
+	if len(t.features) > named {
+		for m := range t.features {
+			ri := slices.Index(tb.Regions, m.Region)
+			if ri < 0 || ri >= len(tb.Agents) || !slices.Contains(tb.Agents[ri], m.Agent) {
+				delete(t.features, m)
+			}
+		}
+	}
+	return ok && named > 0
 }
 
 // Deposed returns the error (wrapping ErrDeposed) that ended the term

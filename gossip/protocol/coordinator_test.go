@@ -736,3 +736,40 @@ func TestTermDeposedByATableAboveIt(t *testing.T) {
 		})
 	}
 }
+
+// Reads: a table's agents read a feature only once every agent it names
+// has reported it this term; one report without it turns it off again.
+func TestTermReads(t *testing.T) {
+	members := []rebalance.Member{{Region: "eu", Agent: "e1"}, {Region: "us", Agent: "u1"}, {Region: "ap", Agent: "a1"}}
+	tm := newTestTerm(t, termConfig(), 1, nil, members, termPolicy(t, termPolicyA), t0)
+	tb := tm.Unstored()
+	if tb == nil || tm.Reads(tb, wire.FeatureInBase) {
+		t.Fatalf("first table %v: read in-base before any report", tb != nil)
+	}
+	now := t0
+	round := func(features ...uint32) *rebalance.Table {
+		now += dt
+		for i, m := range members {
+			r := termReport(m.Region, m.Agent, now, keyAcme)
+			r.Features = features[i]
+			tm.Report(r, 0, now)
+		}
+		if tb := tm.Tick(now); tb != nil {
+			return tb
+		}
+		return tm.c.Latest()
+	}
+	f := wire.FeatureInBase
+	if tb := round(f, f, 0); tm.Reads(tb, f) {
+		t.Fatal("Reads with one agent reporting no features")
+	}
+	if tb := round(f, f, f); !tm.Reads(tb, f) {
+		t.Fatal("not Reads with every agent reporting the feature")
+	}
+	if tb := round(f, 0, f); tm.Reads(tb, f) {
+		t.Fatal("Reads after an agent's report without the feature")
+	}
+	if tm.Reads(&rebalance.Table{Regions: []string{"ap", "eu", "us"}, Agents: make([][]string, 3)}, f) {
+		t.Fatal("Reads for a table naming no agent")
+	}
+}

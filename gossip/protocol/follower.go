@@ -39,6 +39,12 @@ import (
 // chunks like any other. Resume seeds the base (an agent restarting with
 // the table it held).
 //
+// It also keeps the rows of the last table whose chunks hold every row
+// (its head holds none: wire.EncodeTableBase). A head whose rows are its
+// base's (wire.EncodeTableOn) is patched onto that, or onto the base
+// table if it is the one named; otherwise Head asks for the named base's
+// chunks, and Chunks patches the head onto the rows they hold.
+//
 // A TableReader is not safe for concurrent use.
 type TableReader struct {
 	cluster string
@@ -48,8 +54,12 @@ type TableReader struct {
 	msgs    int64
 	bytes   int64
 	base    *rebalance.Table
+	stored  *rebalance.Table // the rows of the last table whose chunks hold them all
+	pending *wire.TableChunk // the in-base head whose base's chunks Head asked for
+	rowFree bool             // the head being assembled holds no rows
 	patched int64
 	missed  int64
+	decode  func([]byte) (wire.Message, error)
 }
 
 // ChunkRequest names the chunks a head needs before its table is whole:
@@ -58,14 +68,22 @@ type TableReader struct {
 type ChunkRequest struct {
 	Term, Epoch uint64
 	Count       int
+	base        bool // the chunks of the base of r.pending
 }
 
 // NewTableReader returns a reader of cluster's tables bounded by limits,
 // accepting those signed by one of keys (none: every table is refused
 // with wire.ErrSignature).
 func NewTableReader(cluster string, limits wire.Limits, keys []ed25519.PublicKey) *TableReader {
-	return &TableReader{cluster: cluster, limits: limits, keys: keys, asm: wire.NewAssembler(limits, 2)}
+	r := &TableReader{cluster: cluster, limits: limits, keys: keys, asm: wire.NewAssembler(limits, 2)}
+	r.decode = func(b []byte) (wire.Message, error) { return wire.Decode(r.cluster, b, r.limits, r.keys) }
+	return r
 }
+
+// SetDecoder replaces the reader's wire.Decode(cluster, b, limits, keys)
+// with d, which must return what that would: the simulator's, which
+// decodes and verifies each distinct message once for all its readers.
+func (r *TableReader) SetDecoder(d func(b []byte) (wire.Message, error)) { r.decode = d }
 
 // Head decodes and verifies head, which must be the first chunk of a
 // table. It returns the table when head is all of it; otherwise need names
@@ -73,7 +91,7 @@ func NewTableReader(cluster string, limits wire.Limits, keys []ed25519.PublicKey
 // wire.ErrInvalid; Classify names its class) means head is no table this
 // cluster trusts, or contradicts what the reader holds.
 func (r *TableReader) Head(head []byte) (t *rebalance.Table, need *ChunkRequest, err error) {
-	m, err := wire.Decode(r.cluster, head, r.limits, r.keys)
+	m, err := r.decode(head)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -81,10 +99,13 @@ func (r *TableReader) Head(head []byte) (t *rebalance.Table, need *ChunkRequest,
 		return nil, nil, fmt.Errorf("%w: the table head is not a table's first chunk", wire.ErrInvalid)
 	}
 	r.accept(head)
+	if d := m.Table.Delta; d != nil && d.InBase {
+		return r.inBase(m.Table)
+	}
 	if m.Table.Delta != nil {
 		if t, err := wire.Patch(r.base, m.Table, r.limits); err == nil {
 			r.patched++
-			r.base = t
+			r.base, r.stored = t, t // a delta head holds no rows: its chunks hold them all
 			return t, nil, nil
 		} else if !errors.Is(err, wire.ErrBase) {
 			return nil, nil, err
@@ -96,7 +117,30 @@ func (r *TableReader) Head(head []byte) (t *rebalance.Table, need *ChunkRequest,
 		r.keep(t)
 		return t, nil, err
 	}
+	r.rowFree = len(m.Table.Keys) == 0
 	return nil, &ChunkRequest{Term: m.Table.Term, Epoch: m.Table.Epoch, Count: m.Table.Count}, nil
+}
+
+// inBase reads a head whose rows are its base's: patched onto the table
+// or the rows the reader holds, else the base's chunks are asked for.
+func (r *TableReader) inBase(h *wire.TableChunk) (*rebalance.Table, *ChunkRequest, error) {
+	for _, b := range []*rebalance.Table{r.base, r.stored} {
+		if b == nil {
+			continue
+		}
+		t, err := wire.Patch(b, h, r.limits)
+		if err == nil {
+			r.patched++
+			r.base = t
+			return t, nil, nil
+		}
+		if !errors.Is(err, wire.ErrBase) {
+			return nil, nil, err
+		}
+	}
+	r.missed++
+	r.pending = h
+	return nil, &ChunkRequest{Term: h.Delta.BaseTerm, Epoch: h.Delta.BaseEpoch, Count: h.Count, base: true}, nil
 }
 
 // Header decodes and verifies head, which must be a table's first chunk,
@@ -105,7 +149,7 @@ func (r *TableReader) Head(head []byte) (t *rebalance.Table, need *ChunkRequest,
 // without fetching chunks a replayed or deposing head may no longer have.
 // Errors are Head's.
 func (r *TableReader) Header(head []byte) (*rebalance.Table, error) {
-	m, err := wire.Decode(r.cluster, head, r.limits, r.keys)
+	m, err := r.decode(head)
 	if err != nil {
 		return nil, err
 	}
@@ -144,8 +188,11 @@ func (r *TableReader) Chunks(req *ChunkRequest, chunks [][]byte) (*rebalance.Tab
 	if req == nil {
 		return nil, fmt.Errorf("%w: chunks without a head", wire.ErrInvalid)
 	}
+	if req.base {
+		return r.baseChunks(req, chunks)
+	}
 	for _, b := range chunks {
-		c, err := wire.Decode(r.cluster, b, r.limits, r.keys)
+		c, err := r.decode(b)
 		if err != nil {
 			return nil, err
 		}
@@ -156,10 +203,44 @@ func (r *TableReader) Chunks(req *ChunkRequest, chunks [][]byte) (*rebalance.Tab
 		t, done, err := r.asm.AddTable(c.Table)
 		if err != nil || done {
 			r.keep(t)
+			if t != nil && r.rowFree {
+				r.stored = t
+			}
 			return t, err
 		}
 	}
 	return nil, fmt.Errorf("%w: table term %d epoch %d incomplete after %d chunks", wire.ErrInvalid, req.Term, req.Epoch, req.Count)
+}
+
+// baseChunks patches the pending in-base head onto the rows of its base's
+// chunks, and keeps those rows.
+func (r *TableReader) baseChunks(req *ChunkRequest, chunks [][]byte) (*rebalance.Table, error) {
+	h := r.pending
+	if h == nil || h.Delta.BaseTerm != req.Term || h.Delta.BaseEpoch != req.Epoch || h.Count != req.Count {
+		return nil, fmt.Errorf("%w: chunks of base table %d.%d, which no head read last names", wire.ErrInvalid, req.Term, req.Epoch)
+	}
+	cs := make([]*wire.TableChunk, 0, len(chunks))
+	for _, b := range chunks {
+		c, err := r.decode(b)
+		if err != nil {
+			return nil, err
+		}
+		if c.Kind != wire.KindTable {
+			return nil, fmt.Errorf("%w: chunk of base table %d.%d is no table", wire.ErrInvalid, req.Term, req.Epoch)
+		}
+		r.accept(b)
+		cs = append(cs, c.Table)
+	}
+	base, err := wire.BaseRows(req.Term, req.Epoch, req.Count, h.Header.Regions, cs, r.limits)
+	if err != nil {
+		return nil, err
+	}
+	t, err := wire.Patch(base, h, r.limits)
+	if err != nil {
+		return nil, err
+	}
+	r.pending, r.stored, r.base = nil, base, t
+	return t, nil
 }
 
 func (r *TableReader) accept(b []byte) {
@@ -319,10 +400,13 @@ func (o Out) Kind() string {
 
 // Encode encodes o as sent by region/agent of cluster, stamped sent (µs on
 // the region store's clock, 0 for unknown): a report in chunks of at most
-// maxMessage bytes, an acknowledgement as one message.
+// maxMessage bytes, carrying the features this package's TableReader
+// reads (wire.Features), an acknowledgement as one message.
 func (o Out) Encode(cluster, regionName, agent string, sent int64, maxMessage int) ([][]byte, error) {
 	if o.Report != nil {
-		return wire.EncodeReport(cluster, o.Report, sent, maxMessage)
+		rep := *o.Report
+		rep.Features |= wire.Features
+		return wire.EncodeReport(cluster, &rep, sent, maxMessage)
 	}
 	b, err := wire.EncodeAck(cluster, wire.Ack{Region: regionName, Agent: agent, Term: o.Term, Epoch: o.Epoch, Sent: sent, Fence: o.Fence, Store: o.Store})
 	if err != nil {

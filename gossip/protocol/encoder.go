@@ -1,0 +1,117 @@
+package protocol
+
+import (
+	"crypto/ed25519"
+
+	"github.com/meridian-quota/meridian/gossip/wire"
+	"github.com/meridian-quota/meridian/rebalance"
+)
+
+// TableEncoder encodes the tables one term stores, choosing how each goes
+// on the bus: while every agent the table names reads in-base heads
+// (wire.FeatureInBase), as one head on the last base it stored
+// (wire.EncodeTableOn) — the changes since that base and nothing else, no
+// chunks put — and otherwise, or once that head would cost more than a
+// new base, as a new base (wire.EncodeTableBase: every row in its chunks,
+// and a head that is a delta on the table stored before, which an agent
+// holding that table patches). The cost is the bytes the bus carries with
+// one reader per region, each holding the table stored before: an in-base
+// head is put once and read once per region; a base's messages are put
+// once, its head read once per region, and its chunks too unless its head
+// is a delta on that table. The shell (gossip.Loop, the simulator)
+// stores what Encode returns, then says Stored or Failed.
+//
+// The base's chunks stay in the store while the heads built on it are
+// written: the store purges only tables older than the last one before
+// the newest it wrote chunks for (gossip.Transport.StoreTable), and in-base
+// heads write none.
+//
+// A TableEncoder is not safe for concurrent use.
+type TableEncoder struct {
+	cluster    string
+	key        ed25519.PrivateKey
+	maxMessage int
+
+	prev  *rebalance.Table // the last table stored: agents holding it patch the next head
+	base  *rebalance.Table // the last base stored (its chunks hold every row), nil for none
+	count int              // its messages
+
+	next      *rebalance.Table // Encode's table, and whether it went as a base
+	nextCount int
+	bases     uint64
+	heads     uint64
+}
+
+// NewTableEncoder returns the encoder of a term that starts with latest
+// (nil: none) in the store. The term's first table is a base: the encoder
+// knows no base whose chunks it saw stored.
+func NewTableEncoder(cluster string, key ed25519.PrivateKey, maxMessage int, latest *rebalance.Table) *TableEncoder {
+	return &TableEncoder{cluster: cluster, key: key, maxMessage: maxMessage, prev: latest}
+}
+
+// Encode returns the messages that store t; inBase says whether every
+// agent t names reads in-base heads (Term.Reads).
+func (e *TableEncoder) Encode(t *rebalance.Table, inBase bool) ([][]byte, error) {
+	var head []byte
+	if inBase && e.base != nil {
+		h, ok, err := wire.EncodeTableOn(e.cluster, t, e.base, e.count, e.key, e.maxMessage)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			head = h
+		}
+	}
+	chunks, err := wire.EncodeTableBase(e.cluster, t, e.prev, e.key, e.maxMessage)
+	if err != nil {
+		return nil, err
+	}
+	e.next, e.nextCount = t, 0
+	if head != nil && (len(t.Regions)+1)*len(head) < e.baseCost(chunks, len(t.Regions)) {
+		return [][]byte{head}, nil
+	}
+	if len(chunks) > 1 {
+		e.nextCount = len(chunks)
+	}
+	return chunks, nil
+}
+
+// baseCost is the bus bytes of storing chunks, a base, with readers
+// regions reading it.
+func (e *TableEncoder) baseCost(chunks [][]byte, readers int) int {
+	n, rest := 0, 0
+	for _, c := range chunks[1:] {
+		rest += len(c)
+	}
+	n = len(chunks[0])*(readers+1) + rest
+	if !wire.IsDeltaHead(chunks[0]) {
+		n += readers * rest
+	}
+	return n
+}
+
+// Stored records that t, just encoded, is stored: agents are expected to
+// hold it next, and if it went as a base the heads that follow are built
+// on it.
+func (e *TableEncoder) Stored(t *rebalance.Table) {
+	if t == nil || t != e.next {
+		return
+	}
+	e.prev = t
+	switch {
+	case e.nextCount > 0:
+		e.base, e.count = t, e.nextCount
+		e.bases++
+	case e.base != nil:
+		e.heads++
+	}
+	e.next = nil
+}
+
+// Failed records that storing the last table encoded failed, or was
+// fenced: the store's state is unknown (the bucket may even be new), so the
+// next table is a new base.
+func (e *TableEncoder) Failed() { e.base, e.count, e.next = nil, 0, nil }
+
+// Counts returns how many bases and in-base heads the term has stored.
+func (e *TableEncoder) Counts() (bases, heads uint64) { return e.bases, e.heads }
