@@ -28,8 +28,16 @@
 //     FetchChunks. A reader keeps the last table it read as its base and
 //     patches a delta head built on it (wire.Patch, digest checked) from
 //     the head alone; a delta on another base is read from its chunks.
-//     The coordinator reads the stored head with a fresh TableReader as
-//     its term starts, so both sides verify alike.
+//     An in-base head (wire.EncodeTableOn: no chunks of its own) is
+//     patched onto the base rows the reader keeps, or onto the named
+//     base's chunks, fetched. The coordinator reads the stored head with a
+//     fresh TableReader as its term starts, so both sides verify alike.
+//   - TableEncoder is the coordinator's side: each table goes as a new
+//     base or as an in-base head on the last base stored, whichever the
+//     bus carries in fewer bytes, in-base heads only while Term.Reads says
+//     every agent the table names reported wire.FeatureInBase (agents of
+//     the previous release report none), and a base after any failed
+//     write.
 //   - Follower decides which verified tables reach the agent: only one
 //     strictly newer by (term, epoch) than the last delivered, so a
 //     replayed, repeated or reordered head never goes back, and a new
