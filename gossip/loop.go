@@ -489,10 +489,15 @@ func (l *Loop) tableReader() *protocol.TableReader {
 // its table, counting the verified chunks read.
 func (l *Loop) readTable(ctx context.Context, r *protocol.TableReader, head []byte) (*rebalance.Table, error) {
 	msgs, bytes := r.Accepted()
+	patched, missed := r.Deltas()
 	t, err := protocol.ReadTable(ctx, l.store, r, head)
 	if m, b := r.Accepted(); m > msgs {
 		l.m.msgs.WithLabelValues("table", "in").Add(float64(m - msgs))
 		l.m.bytes.WithLabelValues("table", "in").Add(float64(b - bytes))
+	}
+	if p, m := r.Deltas(); p > patched || m > missed {
+		l.m.deltas.WithLabelValues("patched").Add(float64(p - patched))
+		l.m.deltas.WithLabelValues("missed").Add(float64(m - missed))
 	}
 	return t, err
 }
@@ -767,20 +772,21 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 	l.mu.Lock()
 	l.holder = Leadership{Term: term, ID: l.cfg.Election.ID, Since: time.Now()}
 	l.mu.Unlock()
-	// base is the table the agents are expected to hold, the one each
-	// table is encoded as a delta on (wire.EncodeTableFrom): the head read
-	// as the term starts, then each table stored. An agent on another base
-	// reads the chunks, which hold every row.
-	base := latest
+	// enc encodes each table as a head on the last base stored, or as a
+	// new base (a delta on the table before it for agents that hold that).
+	enc := protocol.NewTableEncoder(l.cfg.Cluster, l.cfg.SignKey, l.cfg.MaxMessage, latest)
 	store := func(t *rebalance.Table) error {
 		if t == nil {
 			return nil
 		}
-		chunks, err := wire.EncodeTableFrom(l.cfg.Cluster, t, base, l.cfg.SignKey, l.cfg.MaxMessage)
+		chunks, err := enc.Encode(t, tm.Reads(t, wire.FeatureInBase))
 		if err != nil {
 			return fmt.Errorf("encode table: %w", err)
 		}
 		nrev, serr := l.store.StoreTable(ctx, rev, t.Term, t.Epoch, chunks)
+		if serr != nil {
+			enc.Failed()
+		}
 		if tm.Stored(t, serr) != nil {
 			// The head moved: only another coordinator's table ends the
 			// term; a head no coordinator wrote is written over on its
@@ -818,7 +824,8 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 			log.Warn("store table (retrying next tick)", "epoch", t.Epoch, "err", serr)
 			return nil
 		}
-		rev, base = nrev, t
+		rev = nrev
+		enc.Stored(t)
 		n := 0
 		for _, b := range chunks {
 			n += len(b)

@@ -13,6 +13,7 @@ type loopMetrics struct {
 	dropped     *prometheus.CounterVec // kind
 	invalid     *prometheus.CounterVec // kind, reason
 	tables      *prometheus.CounterVec // result
+	deltas      *prometheus.CounterVec // outcome
 	tableTerm   prometheus.Gauge
 	tableEpoch  prometheus.Gauge
 	members     *prometheus.GaugeVec // region
@@ -41,6 +42,8 @@ func newLoopMetrics(reg prometheus.Registerer, regions []string) (*loopMetrics, 
 			Help: "Inbound control messages refused (never applied), by kind and reason (signature, cluster, sender: a report or ack claiming another agent than its subject's, malformed, unavailable)."}, []string{"kind", "reason"}),
 		tables: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_cluster_tables_total",
 			Help: "Share tables received, by result: applied, stale (older or replayed term and epoch), refused (malformed for this node)."}, []string{"result"}),
+		deltas: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meridian_cluster_table_deltas_total",
+			Help: "Delta table heads read, by outcome: patched (onto the table this agent held, no chunks fetched) or missed (on another base: the chunks were fetched)."}, []string{"outcome"}),
 		tableTerm: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_cluster_table_term",
 			Help: "Term of the newest table this agent applied."}),
 		tableEpoch: prometheus.NewGauge(prometheus.GaugeOpts{Name: "meridian_cluster_table_epoch",
@@ -82,12 +85,15 @@ func newLoopMetrics(reg prometheus.Registerer, regions []string) (*loopMetrics, 
 	for _, r := range []string{"applied", "stale", "refused"} {
 		m.tables.WithLabelValues(r)
 	}
+	for _, o := range []string{"patched", "missed"} {
+		m.deltas.WithLabelValues(o)
+	}
 	for _, r := range regions {
 		m.members.WithLabelValues(r)
 		m.skew.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.msgs, m.bytes, m.errors, m.dropped, m.invalid, m.tables,
+		for _, c := range []prometheus.Collector{m.msgs, m.bytes, m.errors, m.dropped, m.invalid, m.tables, m.deltas,
 			m.tableTerm, m.tableEpoch, m.members, m.leader, m.coordTerm, m.published, m.fenced, m.overwritten,
 			m.maxShareSum, m.keys, m.overflow, m.skew} {
 			if err := reg.Register(c); err != nil {

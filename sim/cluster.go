@@ -38,13 +38,12 @@ import (
 // What is modelled rather than run: the bucket is one copy, reached by a
 // write or read after the coordinator's region's link delay (the election
 // key after kvHalf); a watch that is up delivers every write unless the
-// link loses it; heads are verified once per distinct write (a fresh
-// TableReader per head, seeded with the first reading agent's base: the
-// same verdict every agent would reach, since a patched table's digest is
-// checked, cached because ed25519 verification is most of a run's time
-// otherwise). Control bytes: each region pays every head, and a table's
-// chunks once when its agents cannot patch the head (no base, or another);
-// the coordinator's puts of the chunks are paid once per table.
+// link loses it. Each agent's watch has its own protocol.TableReader, as
+// gossip.Loop's has, and each distinct message is decoded and verified
+// once for all of them (TableReader.SetDecoder: ed25519 verification is
+// most of a run's time otherwise). Control bytes: each region pays every
+// head, and the chunks its agents' readers fetch, once per table; the
+// coordinator's puts of the chunks are paid once per table.
 
 // tableStore is the bucket's table head and chunks.
 type tableStore struct {
@@ -76,24 +75,14 @@ type headMsg struct {
 type agentWatch struct {
 	order   protocol.HeadOrder
 	timer   protocol.WatchTimer
-	down    bool             // the watch failed and is being re-created
-	applied *rebalance.Table // the last table its node applied
-	read    *rebalance.Table // the last table its reader read: its delta base
+	down    bool                  // the watch failed and is being re-created
+	applied *rebalance.Table      // the last table its node applied
+	rd      *protocol.TableReader // its reader, as the agent's loop keeps it (nil: not yet made)
 }
 
-// headCost is what reading a head a coordinator stored costs a region:
-// the head (writeHead counts it), and its chunks (rest bytes in msgs
-// messages) unless the head is a delta on base, or the head of self, the
-// table the region's agents read last.
-type headCost struct {
-	self, base [2]uint64
-	delta      bool
-	rest, msgs int
-}
-
-// verdict is a head's reading, cached per distinct write.
-type verdict struct {
-	t   *rebalance.Table
+// decoded is a message's wire.Decode, kept per distinct message.
+type decoded struct {
+	m   wire.Message
 	err error
 }
 
@@ -112,8 +101,7 @@ func (r *Run) clusterKeys() {
 		seed[i] = byte(rng.Uint32())
 	}
 	r.forgeKey = ed25519.NewKeyFromSeed(seed[:])
-	r.verified = map[*byte]verdict{}
-	r.heads = map[*byte]headCost{}
+	r.decoded = map[*byte]decoded{}
 }
 
 // natsDown reports whether a NATS outage is on now.
@@ -139,7 +127,12 @@ func (r *Run) kvReachable(ri, a int) bool { return !r.agentCut(ri, a) && !r.tkv.
 // readHead reads head as a coordinator does as its term starts: a fresh
 // TableReader trusting the cluster's key, the chunks fetched from the
 // bucket.
-func (r *Run) readHead(head []byte) (*rebalance.Table, error) { return r.readHeadOn(head, nil) }
+func (r *Run) readHead(head []byte) (*rebalance.Table, error) {
+	if len(head) == 0 {
+		return nil, fmt.Errorf("%w: empty head", wire.ErrInvalid)
+	}
+	return protocol.ReadTable(context.Background(), chunkFetcher{r, -1}, r.newReader(), head)
+}
 
 // readHeader reads head's header alone, as coordinate does when its
 // write was fenced (TableReader.Header).
@@ -147,7 +140,7 @@ func (r *Run) readHeader(head []byte) (*rebalance.Table, error) {
 	if len(head) == 0 {
 		return nil, fmt.Errorf("%w: empty head", wire.ErrInvalid)
 	}
-	return protocol.NewTableReader(wireCluster, r.readLimits(), r.verifyKeys).Header(head)
+	return r.newReader().Header(head)
 }
 
 // readLimits are the limits every reader in the run decodes with.
@@ -159,34 +152,49 @@ func (r *Run) readLimits() wire.Limits {
 	return lim
 }
 
-// readHeadOn reads head as an agent's watch does, its reader holding base
-// (nil: none), the last table it read: a delta head on base is patched,
-// any other read from its chunks.
-func (r *Run) readHeadOn(head []byte, base *rebalance.Table) (*rebalance.Table, error) {
-	if len(head) == 0 {
-		return nil, fmt.Errorf("%w: empty head", wire.ErrInvalid)
-	}
-	if v, ok := r.verified[&head[0]]; ok {
-		return v.t, v.err
-	}
+// newReader is a TableReader as every reader in the run has it: the
+// cluster's key, the run's limits, each distinct message decoded once.
+func (r *Run) newReader() *protocol.TableReader {
 	rd := protocol.NewTableReader(wireCluster, r.readLimits(), r.verifyKeys)
-	rd.Resume(base)
-	t, err := protocol.ReadTable(context.Background(), chunkFetcher{r}, rd, head)
-	if err == nil || protocol.Classify(err) != protocol.RefusedUnavailable {
-		r.verified[&head[0]] = verdict{t, err}
-	}
-	return t, err
+	lim := r.readLimits()
+	rd.SetDecoder(func(b []byte) (wire.Message, error) {
+		if len(b) == 0 {
+			return wire.Decode(wireCluster, b, lim, r.verifyKeys)
+		}
+		if d, ok := r.decoded[&b[0]]; ok {
+			return d.m, d.err
+		}
+		m, err := wire.Decode(wireCluster, b, lim, r.verifyKeys)
+		r.decoded[&b[0]] = decoded{m, err}
+		return m, err
+	})
+	return rd
 }
 
-type chunkFetcher struct{ r *Run }
+// chunkFetcher is the bucket's FetchChunks for region ri's agents (-1: a
+// coordinator's), which pay each table's chunks once per region.
+type chunkFetcher struct {
+	r  *Run
+	ri int
+}
 
 func (f chunkFetcher) FetchChunks(_ context.Context, term, epoch uint64, count int) ([][]byte, error) {
 	if f.r.tkv.lost {
 		return nil, errKVUnavailable
 	}
-	c, ok := f.r.tkv.chunks[[2]uint64{term, epoch}]
+	id := [2]uint64{term, epoch}
+	c, ok := f.r.tkv.chunks[id]
 	if !ok || len(c) != count-1 {
 		return nil, fmt.Errorf("sim: chunks of table %d.%d: gone", term, epoch)
+	}
+	if f.ri >= 0 {
+		if rg := f.r.regions[f.ri]; rg.fetched != id {
+			rg.fetched = id
+			f.r.dec.Tables += int64(len(c))
+			for _, b := range c {
+				f.r.dec.TableBytes += int64(len(b))
+			}
+		}
 	}
 	return c, nil
 }
@@ -207,8 +215,24 @@ func (r *Run) storeTable(ci int, prev uint64, t *rebalance.Table, chunks [][]byt
 		if r.tkv.chunks == nil {
 			r.tkv.chunks = map[[2]uint64][][]byte{}
 		}
-		clear(r.tkv.chunks) // the shell purges older tables' chunks
-		r.tkv.chunks[[2]uint64{t.Term, t.Epoch}] = chunks[1:]
+		// As the shell purges: every table older than the newest one
+		// below this (an in-base head's base may still be read).
+		cur := [2]uint64{t.Term, t.Epoch}
+		var prev [2]uint64
+		for id := range r.tkv.chunks {
+			if idLess(id, cur) && idLess(prev, id) {
+				prev = id
+			}
+		}
+		for id := range r.tkv.chunks {
+			if idLess(id, prev) {
+				delete(r.tkv.chunks, id)
+			}
+		}
+		r.tkv.chunks[cur] = chunks[1:]
+		if len(r.decoded) > 4096 {
+			clear(r.decoded) // a cache: what is read again is decoded again
+		}
 	}
 	r.tkv.genuine = append(r.tkv.genuine, storedHead{at: r.now, head: chunks[0]})
 	if len(r.tkv.genuine) > maxGenuine {
@@ -216,6 +240,9 @@ func (r *Run) storeTable(ci int, prev uint64, t *rebalance.Table, chunks [][]byt
 	}
 	return r.tkv.rev, nil
 }
+
+// idLess orders (term, epoch) pairs.
+func idLess(a, b [2]uint64) bool { return a[0] < b[0] || a[0] == b[0] && a[1] < b[1] }
 
 // writeHead sends the head just written to every region's watchers,
 // after the link from the bucket (at the coordinator's region), and
@@ -263,23 +290,18 @@ func (r *Run) deliverHead(ri, a int, hm *headMsg) error {
 	if !w.order.Seen(hm.rev) {
 		return nil
 	}
-	t, err := r.readHeadOn(hm.head, w.read)
+	if w.rd == nil {
+		w.rd = r.newReader()
+	}
+	if len(hm.head) == 0 {
+		r.dec.InvalidHeads++
+		return nil
+	}
+	t, err := protocol.ReadTable(context.Background(), chunkFetcher{r, ri}, w.rd, hm.head)
 	if err != nil {
 		r.dec.InvalidHeads++
 		return nil
 	}
-	if hc, ok := r.heads[&hm.head[0]]; ok && hc.msgs > 0 && rg.fetched != hc.self {
-		held := [2]uint64{}
-		if w.read != nil {
-			held = [2]uint64{w.read.Term, w.read.Epoch}
-		}
-		if held != hc.self && (!hc.delta || held != hc.base) {
-			rg.fetched = hc.self
-			r.dec.Tables += int64(hc.msgs)
-			r.dec.TableBytes += int64(hc.rest)
-		}
-	}
-	w.read = t
 	if ok, _ := rg.follow[a].Offer(t); !ok {
 		r.dec.StaleTables++
 		return nil

@@ -288,9 +288,9 @@ type Run struct {
 	coord    *protocol.Term // the coordinator's term, as gossip.Loop runs it; nil while down
 	coordIdx int            // the region of the coordinator (the last one while none leads)
 	term     uint64
-	stored   *rebalance.Table // the latest table a coordinator stored
-	cbase    *rebalance.Table // the running term's delta base, as coordinate keeps it
-	crev     uint64           // the head revision the running term last wrote or read
+	stored   *rebalance.Table       // the latest table a coordinator stored
+	cenc     *protocol.TableEncoder // the running term's, as coordinate keeps it
+	crev     uint64                 // the head revision the running term last wrote or read
 
 	// The KV bucket and NATS (cluster.go).
 	tkv        tableStore
@@ -298,8 +298,7 @@ type Run struct {
 	signKey    ed25519.PrivateKey
 	forgeKey   ed25519.PrivateKey
 	verifyKeys []ed25519.PublicKey
-	verified   map[*byte]verdict
-	heads      map[*byte]headCost // per head a coordinator stored: what reading it costs
+	decoded    map[*byte]decoded // each distinct message's wire.Decode (newReader)
 	// krng draws the links of the agents' own head reads (resyncs, watch
 	// re-creations) and of duplicates: a stream of its own, so that runs
 	// without faults draw their workload exactly as before the bucket was
@@ -703,7 +702,7 @@ func (r *Run) startCoordinator(ci int, term uint64, now int64) error {
 		r.dec.InvalidHeads++
 		latest = nil
 	}
-	r.cbase = latest
+	r.cenc = protocol.NewTableEncoder(wireCluster, r.signKey, wire.DefaultMaxMessage, latest)
 	c.led = max(c.led, term)
 	if latest != nil {
 		c.led = max(c.led, latest.Term)
@@ -1554,6 +1553,7 @@ func (r *Run) agentTick(ri, a int) {
 	n := rg.nodes[a]
 	local := rg.nodeNow(a, r.now)
 	if rep := n.Tick(local); rep != nil && !r.baseline() {
+		rep.Features |= wire.Features // as protocol.Out.Encode stamps it
 		bytes, msgs := wire.ReportSize(wireCluster, rep, local, wire.DefaultMaxMessage)
 		r.reportChunks = max(r.reportChunks, msgs)
 		r.send(ri, evReport, int32(ri), int32(a), &sentReport{rep: rep, sent: local}, bytes, msgs)
@@ -1611,11 +1611,14 @@ func (r *Run) publish(t *rebalance.Table) error {
 	if t == nil || r.coord == nil {
 		return nil
 	}
-	chunks, err := wire.EncodeTableFrom(wireCluster, t, r.cbase, r.signKey, wire.DefaultMaxMessage)
+	chunks, err := r.cenc.Encode(t, r.coord.Reads(t, wire.FeatureInBase))
 	if err != nil {
 		return fmt.Errorf("sim: encode table: %w", err)
 	}
 	rev, serr := r.storeTable(r.leader, r.crev, t, chunks)
+	if serr != nil {
+		r.cenc.Failed()
+	}
 	if r.coord.Stored(t, serr) != nil {
 		// The head moved: read it, as coordinate does, and let the term
 		// say whether another coordinator wrote it.
@@ -1650,20 +1653,15 @@ func (r *Run) publish(t *rebalance.Table) error {
 		r.dec.StoreErrors++
 		return nil
 	}
-	r.crev, r.stored, r.cbase = rev, t, t
+	r.crev, r.stored = rev, t
+	r.cenc.Stored(t)
 	// The coordinator's puts of chunks 1..n, once per table; each region
-	// pays the head (writeHead) and, when its agents cannot patch the
-	// head onto the table they hold, the chunks (deliverHead).
-	hc := headCost{self: [2]uint64{t.Term, t.Epoch}, msgs: len(chunks) - 1}
+	// pays the head (writeHead) and the chunks its readers fetch
+	// (chunkFetcher).
 	for _, b := range chunks[1:] {
-		hc.rest += len(b)
+		r.dec.Tables++
+		r.dec.TableBytes += int64(len(b))
 	}
-	if m, err := wire.Decode(wireCluster, chunks[0], r.readLimits(), r.verifyKeys); err == nil && m.Table.Delta != nil {
-		hc.delta, hc.base = true, [2]uint64{m.Table.Delta.BaseTerm, m.Table.Delta.BaseEpoch}
-	}
-	r.heads[&chunks[0][0]] = hc
-	r.dec.Tables += int64(hc.msgs)
-	r.dec.TableBytes += int64(hc.rest)
 	r.writeHead(r.tkv.head, rev)
 	return nil
 }
