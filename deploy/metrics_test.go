@@ -732,6 +732,7 @@ var metricsUnwatched = map[string]string{
 	"meridian_bad_requests_total":         "not watched yet: a malformed request is refused with an error and consumes nothing",
 	"meridian_policy_reloads_total":       "MeridianPolicyReloadFailing watches meridian_policy_reload_failing, which stays 1 while a reload is rejected",
 	"meridian_unauthenticated_total":      "not watched yet: a refused caller is answered Unauthenticated / 401 and consumes nothing",
+	"meridian_cluster_table_deltas_total": "control-plane cost, not health: tables read as deltas (patched) or from chunks (missed); the bytes are on the control traffic panel",
 }
 
 // metricsAgent is the target labels of compose agent name (e.g. "eu-1").

@@ -246,3 +246,25 @@ func (s *Server) JetStreamAPI() (total, errs uint64) {
 	}
 	return info.API.Total, info.API.Errors
 }
+
+// Traffic returns the server's own counts since it started of the bytes
+// and messages clients published to it (in: reports, acks, KV puts, API
+// requests) and it delivered to clients (out: subscriptions, watches, KV
+// reads, API and publish-ack replies) — its /varz in_bytes, out_bytes,
+// in_msgs and out_msgs. A server that is down reports the test's failure.
+func (s *Server) Traffic() (inBytes, outBytes, inMsgs, outMsgs int64) {
+	s.t.Helper()
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	if srv == nil {
+		s.t.Fatal("natstest: Traffic: the server is down")
+		return 0, 0, 0, 0
+	}
+	v, err := srv.Varz(nil)
+	if err != nil {
+		s.t.Fatalf("natstest: varz: %v", err)
+		return 0, 0, 0, 0
+	}
+	return v.InBytes, v.OutBytes, v.InMsgs, v.OutMsgs
+}
