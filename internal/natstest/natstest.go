@@ -226,17 +226,27 @@ func UniqueName(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
+// running returns the running server, or fails the test (what names the
+// caller) and returns nil.
+func (s *Server) running(what string) *server.Server {
+	s.t.Helper()
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	if srv == nil {
+		s.t.Fatalf("natstest: %s: the server is down", what)
+	}
+	return srv
+}
+
 // JetStreamAPI returns the server's own count of JetStream API requests
 // since it started (the "api.total" of its /jsz monitoring endpoint) and
 // of those that got an error response. A server that is down reports the
 // test's failure.
 func (s *Server) JetStreamAPI() (total, errs uint64) {
 	s.t.Helper()
-	s.mu.Lock()
-	srv := s.srv
-	s.mu.Unlock()
+	srv := s.running("JetStreamAPI")
 	if srv == nil {
-		s.t.Fatal("natstest: JetStreamAPI: the server is down")
 		return 0, 0
 	}
 	info, err := srv.Jsz(&server.JSzOptions{})
@@ -254,11 +264,8 @@ func (s *Server) JetStreamAPI() (total, errs uint64) {
 // in_msgs and out_msgs. A server that is down reports the test's failure.
 func (s *Server) Traffic() (inBytes, outBytes, inMsgs, outMsgs int64) {
 	s.t.Helper()
-	s.mu.Lock()
-	srv := s.srv
-	s.mu.Unlock()
+	srv := s.running("Traffic")
 	if srv == nil {
-		s.t.Fatal("natstest: Traffic: the server is down")
 		return 0, 0, 0, 0
 	}
 	v, err := srv.Varz(nil)
