@@ -754,9 +754,12 @@ const maxChunks = 1 << 16
 // publication: if the head moved since prev, StoreTable returns an error
 // wrapping ErrFenced and no reader ever sees this table. It returns the
 // head's new revision. Afterwards it purges, best effort, the chunks of
-// every table older than the one it replaced, so a reader still fetching
-// the previous table finds its chunks (a reader that loses them, two
-// tables later, gets an error from FetchChunks and rereads the head).
+// every table older than the newest one below this that has chunks, so a
+// reader still fetching the previous table finds its chunks (a reader that
+// loses them, two tables later, gets an error from FetchChunks and rereads
+// the head). An in-base head (one chunk, wire.EncodeTableOn) writes none,
+// so the base it names keeps its chunks until a newer base is stored after
+// it.
 //
 // Any other error leaves the outcome unknown (see Transport): read
 // LatestTable before trying again.
