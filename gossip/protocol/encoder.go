@@ -36,8 +36,8 @@ type TableEncoder struct {
 	base  *rebalance.Table // the last base stored (its chunks hold every row), nil for none
 	count int              // its messages
 
-	next      *rebalance.Table // Encode's table, and whether it went as a base
-	nextCount int
+	next      *rebalance.Table // Encode's table
+	nextCount int              // its messages if it went as a base, else 0
 	bases     uint64
 	heads     uint64
 }
@@ -79,11 +79,11 @@ func (e *TableEncoder) Encode(t *rebalance.Table, inBase bool) ([][]byte, error)
 // baseCost is the bus bytes of storing chunks, a base, with readers
 // regions reading it.
 func (e *TableEncoder) baseCost(chunks [][]byte, readers int) int {
-	n, rest := 0, 0
+	rest := 0
 	for _, c := range chunks[1:] {
 		rest += len(c)
 	}
-	n = len(chunks[0])*(readers+1) + rest
+	n := len(chunks[0])*(readers+1) + rest
 	if !wire.IsDeltaHead(chunks[0]) {
 		n += readers * rest
 	}
