@@ -36,6 +36,14 @@ type Report struct {
 	// (gossip/wire's Feature bits); the coordinator uses one only once
 	// every agent its table names has reported it. The core ignores it.
 	Features uint32
+	// Delta marks a report that lists only the keys whose demand changed
+	// materially since the agent last listed them, a key whose demand
+	// ended listed with zero counts: the coordinator keeps the agent's
+	// last demand for every key it does not list (Coordinator.Observe). A
+	// full report (Delta false) replaces all of it. An agent sends delta
+	// reports only to a coordinator whose tables advertise reading them
+	// (Table.Features).
+	Delta bool
 }
 
 // Member is one live agent as membership sees it.
@@ -85,7 +93,26 @@ type Table struct {
 	// Shadow marks a table computed by a shadow coordinator: for display,
 	// never to be published or applied.
 	Shadow bool
+	// Resync is per region (empty, or in Regions order) the agents whose
+	// next report should be full, sorted: the coordinator read a delta
+	// report from each after missing one of its reports, or naming a key
+	// it did not know yet, so the demand it holds may be stale. In the
+	// header, like Features.
+	Resync [][]string
+	// Features are what the coordinator that issued the table reads beyond
+	// the base format (FeatureDeltaReports): an agent uses one only while
+	// the table it last applied has it. It is in the table's header, not
+	// its rows (it is not part of their digest). The coordinator sets it.
+	Features uint32
 }
+
+// Table feature bits (Table.Features).
+const (
+	// FeatureDeltaReports: the coordinator reads delta reports
+	// (Report.Delta) and keeps each agent's last demand for the keys they
+	// do not list (Coordinator.Observe).
+	FeatureDeltaReports uint32 = 1 << 0
+)
 
 // Newer reports whether t is ordered after (term, epoch).
 func (t *Table) Newer(term, epoch uint64) bool {

@@ -156,10 +156,10 @@ func (a *Assembler) AddReport(c *ReportChunk) (r *rebalance.Report, done bool, e
 	// Every chunk carries the report's fields: they must agree with the
 	// first chunk's (a chunk of another count is addChunk's to refuse).
 	if f := p.report[p.first]; f != nil && c.Count == p.count &&
-		(f.Sent != c.Sent || f.Report.Term != cr.Term || f.Report.Epoch != cr.Epoch || f.Report.PolicyVersion != cr.PolicyVersion || f.Report.Features != cr.Features) {
+		(f.Sent != c.Sent || f.Report.Term != cr.Term || f.Report.Epoch != cr.Epoch || f.Report.PolicyVersion != cr.PolicyVersion || f.Report.Features != cr.Features || f.Report.Delta != cr.Delta) {
 		a.drop(id)
-		return nil, false, invalidf("%s: sent %d term %d epoch %d policy %q features %#x, but chunk %d says sent %d term %d epoch %d policy %q features %#x",
-			where(), c.Sent, cr.Term, cr.Epoch, cr.PolicyVersion, cr.Features, p.first, f.Sent, f.Report.Term, f.Report.Epoch, f.Report.PolicyVersion, f.Report.Features)
+		return nil, false, invalidf("%s: sent %d term %d epoch %d policy %q features %#x delta %t, but chunk %d says sent %d term %d epoch %d policy %q features %#x delta %t",
+			where(), c.Sent, cr.Term, cr.Epoch, cr.PolicyVersion, cr.Features, cr.Delta, p.first, f.Sent, f.Report.Term, f.Report.Epoch, f.Report.PolicyVersion, f.Report.Features, f.Report.Delta)
 	}
 	if done, err := addChunk(a, id, p, p.report, c, c.Index, c.Count, len(cr.Keys), where); !done {
 		return nil, false, err

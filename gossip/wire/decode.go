@@ -282,7 +282,7 @@ func decodeReport(body []byte, lim Limits) (*ReportChunk, error) {
 		seen                  fieldSet
 		region, agent, policy []byte
 		index, count          uint64
-		features              uint64
+		features, delta       uint64
 		nkeys                 int
 	)
 	// Pass 1: the singular fields, and how many keys there are.
@@ -314,6 +314,10 @@ func decodeReport(body []byte, lim Limits) (*ReportChunk, error) {
 			if fr.why = seen.u64(f, &features); fr.why == "" && features > math.MaxUint32 {
 				fr.why = fmt.Sprintf("features %d: above 2^32-1", features)
 			}
+		case fRepDelta:
+			if fr.why = seen.u64(f, &delta); fr.why == "" && delta > 1 {
+				fr.why = fmt.Sprintf("delta %d: not a bool", delta)
+			}
 		}
 	}
 	if fr.why != "" {
@@ -323,7 +327,7 @@ func decodeReport(body []byte, lim Limits) (*ReportChunk, error) {
 		return nil, invalidf("report chunk: %s", why)
 	}
 	c.Index, c.Count = int(index), int(count)
-	r.Features = uint32(features)
+	r.Features, r.Delta = uint32(features), delta == 1
 	var why string
 	if r.Region, why = name(region, lim.MaxName, false); why != "" {
 		return nil, invalidf("report chunk %d: region: %s", index, why)
@@ -664,8 +668,9 @@ func toLease(_ int, v uint64) (int64, string) { return protowire.DecodeZigZag(v)
 func decodeHeader(b []byte, lim Limits) (*rebalance.Table, error) {
 	t := &rebalance.Table{}
 	var (
-		seen   fieldSet
-		leases []byte
+		seen     fieldSet
+		leases   []byte
+		features uint64
 	)
 	fr := fieldReader{msg: b}
 	for fr.next() {
@@ -691,6 +696,22 @@ func decodeHeader(b []byte, lim Limits) (*rebalance.Table, error) {
 			}
 		case fHdrLeases:
 			fr.why = seen.bytes(f, &leases)
+		case fHdrFeatures:
+			if fr.why = seen.u64(f, &features); fr.why == "" && features > math.MaxUint32 {
+				fr.why = fmt.Sprintf("features %d: above 2^32-1", features)
+			}
+			t.Features = uint32(features)
+		case fHdrResync:
+			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
+				if len(t.Resync) == lim.MaxRegions {
+					fr.why = fmt.Sprintf("more than %d resync lists", lim.MaxRegions)
+					break
+				}
+				var names []string
+				if names, fr.why = readAgents(f.b, lim); fr.why == "" {
+					t.Resync = append(t.Resync, names)
+				}
+			}
 		case fHdrAgents:
 			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
 				if len(t.Agents) == lim.MaxRegions {

@@ -33,6 +33,7 @@ const (
 	fRepCount    = 9
 	fRepKeys     = 10
 	fRepFeatures = 11
+	fRepDelta    = 12
 
 	// KeyDemand
 	fKdKey         = 1
@@ -75,6 +76,8 @@ const (
 	fHdrRegions   = 4
 	fHdrLeases    = 5
 	fHdrAgents    = 6
+	fHdrFeatures  = 7
+	fHdrResync    = 8
 
 	// AgentList
 	fAgentNames = 1
@@ -216,7 +219,7 @@ func plan(maxMessage, env, fixed, first, n int, entry func(int) int, emit func(c
 
 func reportFixed(r *rebalance.Report, sent int64) int {
 	return sizeStr(r.Region) + sizeStr(r.Agent) + sizeS(r.Interval) + sizeU(r.Term) + sizeU(r.Epoch) +
-		sizeStr(r.PolicyVersion) + sizeS(sent) + chunkWords + sizeU(uint64(r.Features))
+		sizeStr(r.PolicyVersion) + sizeS(sent) + chunkWords + sizeU(uint64(r.Features)) + sizeU(b2u(r.Delta))
 }
 
 func keyDemandSize(k *rebalance.KeyDemand) int {
@@ -271,6 +274,7 @@ func EncodeReport(cluster string, r *rebalance.Report, sent int64, maxMessage in
 		buf = appendFixed(buf, fRepIndex, ci)
 		buf = appendFixed(buf, fRepCount, n)
 		buf = appendU(buf, fRepFeatures, uint64(r.Features))
+		buf = appendU(buf, fRepDelta, b2u(r.Delta))
 		for i := c.start; i < c.end; i++ {
 			k := &r.Keys[i]
 			buf = appendLen(buf, fRepKeys, keyDemandSize(k))
@@ -412,7 +416,17 @@ func headerSize(t *rebalance.Table) int {
 	for _, a := range t.Agents {
 		n += sizeElem(agentListSize(a))
 	}
-	return n
+	for _, a := range t.Resync {
+		n += sizeElem(agentListSize(a))
+	}
+	return n + sizeU(uint64(t.Features))
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func tableFixed(t *rebalance.Table) int { return sizeU(t.Term) + sizeU(t.Epoch) + chunkWords }
@@ -469,7 +483,13 @@ func appendHeader(b []byte, t *rebalance.Table) []byte {
 			b = appendElem(b, fAgentNames, a)
 		}
 	}
-	return b
+	for _, names := range t.Resync {
+		b = appendLen(b, fHdrResync, agentListSize(names))
+		for _, a := range names {
+			b = appendElem(b, fAgentNames, a)
+		}
+	}
+	return appendU(b, fHdrFeatures, uint64(t.Features))
 }
 
 // appendPacked appends v as a packed field of varints (nothing when
@@ -551,6 +571,8 @@ func checkHeader(t *rebalance.Table, lim Limits) error {
 		return fmt.Errorf("%d leases for %d regions", len(t.Leases), nr)
 	case len(t.Agents) != nr:
 		return fmt.Errorf("%d agent lists for %d regions", len(t.Agents), nr)
+	case len(t.Resync) != 0 && len(t.Resync) != nr:
+		return fmt.Errorf("%d resync lists for %d regions", len(t.Resync), nr)
 	case t.Issued < 0 || t.Issued >= gcra.MaxTime || t.Effective < 0 || t.Effective >= gcra.MaxTime:
 		return fmt.Errorf("issued %dµs or effective %dµs outside [0, 2^52)", t.Issued, t.Effective)
 	case len(t.PolicyVersion) > lim.MaxName:
@@ -565,6 +587,11 @@ func checkHeader(t *rebalance.Table, lim Limits) error {
 		}
 		if l := t.Leases[i]; l < 0 || l >= gcra.MaxTime {
 			return fmt.Errorf("region %d: lease %dµs outside [0, 2^52)", i, l)
+		}
+		if i < len(t.Resync) {
+			if err := checkAgents(t.Resync[i], lim); err != nil {
+				return fmt.Errorf("region %d: resync: %w", i, err)
+			}
 		}
 		if err := checkAgents(t.Agents[i], lim); err != nil {
 			return fmt.Errorf("region %d: %w", i, err)

@@ -46,7 +46,8 @@ var budgetGen = rapid.Custom(func(t *rapid.T) gcra.Limit {
 func reportGen(t *rapid.T) *rebalance.Report {
 	r := &rebalance.Report{Region: nameGen.Draw(t, "region"), Agent: nameGen.Draw(t, "agent"),
 		Interval: rapid.Int64().Draw(t, "interval"), Term: rapid.Uint64().Draw(t, "term"), Epoch: rapid.Uint64().Draw(t, "epoch"),
-		PolicyVersion: rapid.StringMatching(`[a-f0-9]{0,64}`).Draw(t, "policy")}
+		PolicyVersion: rapid.StringMatching(`[a-f0-9]{0,64}`).Draw(t, "policy"),
+		Features:      rapid.Uint32().Draw(t, "features"), Delta: rapid.Bool().Draw(t, "delta")}
 	for _, k := range keysGen(200).Draw(t, "keys") {
 		d := func(s string) int64 { return rapid.Int64Min(0).Draw(t, s) }
 		r.Keys = append(r.Keys, rebalance.KeyDemand{Key: k, Demand: rebalance.Demand{
@@ -62,12 +63,21 @@ func tableGen(t *rapid.T) *rebalance.Table {
 	tb := &rebalance.Table{Term: rapid.Uint64().Draw(t, "term"), Epoch: rapid.Uint64().Draw(t, "epoch"),
 		Issued: rapid.Int64Range(0, gcra.MaxTime-1).Draw(t, "issued"), Effective: rapid.Int64Range(0, gcra.MaxTime-1).Draw(t, "effective"),
 		PolicyVersion: rapid.StringMatching(`[a-f0-9]{0,64}`).Draw(t, "policy"), Regions: regions,
-		Leases: make([]int64, R), Agents: make([][]string, R)}
+		Leases: make([]int64, R), Agents: make([][]string, R), Features: rapid.Uint32().Draw(t, "features")}
 	for r := range R {
 		tb.Leases[r] = rapid.Int64Range(0, gcra.MaxTime-1).Draw(t, "lease")
 		if a := rapid.SliceOfNDistinct(nameGen, 0, 5, rapid.ID[string]).Draw(t, "agents"); len(a) > 0 {
 			slices.Sort(a)
 			tb.Agents[r] = a
+		}
+	}
+	if rapid.Bool().Draw(t, "resync") {
+		tb.Resync = make([][]string, R)
+		for r := range R {
+			if a := rapid.SliceOfNDistinct(nameGen, 0, 3, rapid.ID[string]).Draw(t, "resync agents"); len(a) > 0 {
+				slices.Sort(a)
+				tb.Resync[r] = a
+			}
 		}
 	}
 	for _, k := range keysGen(150).Draw(t, "keys") {

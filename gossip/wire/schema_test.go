@@ -155,7 +155,7 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 
 	r := testReport(3, 10)
 	r.Interval = -4
-	r.Features = wire.FeatureInBase
+	r.Features, r.Delta = wire.FeatureInBase, true
 	msgs, _ := wire.EncodeReport(cluster, r, -99, wire.DefaultMaxMessage)
 	env := unmarshal(t, file, "Envelope", msgs[0])
 	check("envelope version", get(env, "version"), uint64(1))
@@ -171,6 +171,7 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 	check("sent", get(rep, "sent"), int64(-99))
 	check("count", get(rep, "count"), uint64(1))
 	check("features", get(rep, "features"), uint64(wire.FeatureInBase))
+	check("delta", get(rep, "delta"), true)
 	keys := get(rep, "keys").([]any)
 	check("keys", len(keys), len(r.Keys))
 	for i, k := range keys {
@@ -189,6 +190,7 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 		[]any{a.Region, a.Agent, a.Term, a.Epoch, a.Sent, a.Fence.Term, a.Fence.Epoch, a.Store})
 
 	tb := testTable(len(budgets), 8, "ap", "eu", "us")
+	tb.Features, tb.Resync = wire.CoordDeltaReports, [][]string{nil, {"eu-2", "eu-3"}, nil}
 	tmsgs, _ := wire.EncodeTable(cluster, tb, testKey, wire.DefaultMaxMessage)
 	env = unmarshal(t, file, "Envelope", tmsgs[0])
 	check("signature length", len(get(env, "signature").([]byte)), 64)
@@ -199,6 +201,10 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 	check("issued, effective, policy", []any{get(h, "issued"), get(h, "effective"), get(h, "policy_version")},
 		[]any{tb.Issued, tb.Effective, tb.PolicyVersion})
 	check("regions", get(h, "regions"), []any{"ap", "eu", "us"})
+	check("header features", get(h, "features"), uint64(wire.CoordDeltaReports))
+	resync := get(h, "resync").([]any)
+	check("resync lists", len(resync), 3)
+	check("resync", get(resync[1].(protoreflect.Message), "names"), []any{"eu-2", "eu-3"})
 	check("leases", get(h, "leases"), []any{tb.Leases[0], tb.Leases[1], tb.Leases[2]})
 	for r, al := range get(h, "agents").([]any) {
 		want := []any{}

@@ -193,3 +193,19 @@ const (
 	// (protocol.TableReader): what an agent built on it reports.
 	Features = FeatureInBase
 )
+
+// Coordinator feature bits: what the coordinator that issued a table reads
+// beyond the format every coordinator of this major version reads, carried
+// by the table's header (rebalance.Table.Features, TableHeader field 7).
+// An agent uses one only while the table it last applied advertises it; a
+// coordinator of an earlier minor version advertises none.
+const (
+	// CoordDeltaReports: the coordinator reads delta reports
+	// (rebalance.Report.Delta): it keeps each agent's last demand for the
+	// keys a delta report does not list.
+	CoordDeltaReports = rebalance.FeatureDeltaReports
+
+	// CoordFeatures is every feature this package's coordinator side
+	// reads (protocol.Term): what a coordinator built on it advertises.
+	CoordFeatures = CoordDeltaReports
+)
