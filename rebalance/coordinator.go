@@ -118,8 +118,11 @@ type agentState struct {
 	heard    int64     // when a report or acknowledgement last arrived (µs)
 	keys     []int32   // key indexes of the latest report
 	vals     []float64 // per entry of keys: offered cost in the interval
-	term     uint64
-	epoch    uint64 // acknowledged in force
+	// resync: a delta report came after a missed report or named an
+	// unknown key; tables ask the agent for a full report (Table.Resync).
+	resync bool
+	term   uint64
+	epoch  uint64 // acknowledged in force
 	// fence and store: the region fence its latest acknowledgement read
 	// back from its store, and the store's identity (0: it keeps no fence).
 	fence gcra.Fence
@@ -127,7 +130,8 @@ type agentState struct {
 }
 
 type scratch struct {
-	keys    []int // Observe: key indexes of one report
+	keys    []int     // Observe: key indexes of one report
+	delta   []float64 // merge: per key, a delta report's new cost (0 between reports)
 	demand  []float64
 	in      Input
 	out     []uint32
@@ -785,7 +789,10 @@ func (c *Coordinator) recount() {
 // names it (it runs at most its safe share) and it does not keep its
 // region live — until membership lists it. A coordinator never given
 // membership names every agent with a fresh report. A report also
-// acknowledges the table the agent had in force.
+// acknowledges the table the agent had in force. A full report replaces
+// the agent's demand; a delta report (Report.Delta) replaces it for the
+// keys it lists only (zero counts: no demand) and keeps the agent's last
+// demand for every other key.
 func (c *Coordinator) Observe(r *Report, now int64) error {
 	if _, ok := c.ridx[r.Region]; !ok {
 		return fmt.Errorf("rebalance: report from %q in %q: %w", r.Agent, r.Region, ErrUnknownRegion)
@@ -828,11 +835,19 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 		idx = append(idx, ki)
 	}
 	c.scratch.keys = idx
-	a.keys, a.vals = a.keys[:0], a.vals[:0]
-	for i, kd := range r.Keys {
-		if ki := idx[i]; ki >= 0 && kd.OfferedCost > 0 {
-			a.keys = append(a.keys, int32(ki))
-			a.vals = append(a.vals, float64(kd.OfferedCost))
+	if r.Delta {
+		// A gap in the agent's intervals is a lost report; an unknown key
+		// a demand this coordinator could not keep.
+		a.resync = a.resync || a.interval == math.MinInt64 || r.Interval != a.interval+1 || len(unknown) > 0
+		c.merge(a, r, idx)
+	} else {
+		a.resync = false
+		a.keys, a.vals = a.keys[:0], a.vals[:0]
+		for i, kd := range r.Keys {
+			if ki := idx[i]; ki >= 0 && kd.OfferedCost > 0 {
+				a.keys = append(a.keys, int32(ki))
+				a.vals = append(a.vals, float64(kd.OfferedCost))
+			}
 		}
 	}
 	if a.at > 0 && now-a.at > int64((c.cfg.Lease-c.cfg.Interval)/time.Microsecond) {
@@ -847,6 +862,60 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 		return fmt.Errorf("%w: %s/%s: %d unknown keys (first %q) ignored", ErrBadReport, r.Region, r.Agent, len(unknown), unknown[0])
 	}
 	return nil
+}
+
+// merge applies delta report r, whose keys idx names (-1: unknown, and
+// every known one stamped c.seq), to agent a's remembered demand: a listed
+// key takes its new cost (and is dropped at zero), the others keep theirs.
+// Linear in the agent's keys plus the report's; the order of a.keys does
+// not matter (each key appears once per agent, and demand sums per agent).
+func (c *Coordinator) merge(a *agentState, r *Report, idx []int) {
+	if len(c.scratch.delta) < len(c.stamp) {
+		c.scratch.delta = make([]float64, len(c.stamp))
+	}
+	dv := c.scratch.delta
+	for i, kd := range r.Keys {
+		if ki := idx[i]; ki >= 0 {
+			dv[ki] = float64(kd.OfferedCost)
+		}
+	}
+	w := 0
+	for j, ki := range a.keys {
+		v := a.vals[j]
+		if c.stamp[ki] == c.seq {
+			v, dv[ki] = dv[ki], -1 // taken
+		}
+		if v > 0 {
+			a.keys[w], a.vals[w] = ki, v
+			w++
+		}
+	}
+	a.keys, a.vals = a.keys[:w], a.vals[:w]
+	for _, ki := range idx {
+		if ki >= 0 && dv[ki] > 0 {
+			a.keys = append(a.keys, int32(ki))
+			a.vals = append(a.vals, dv[ki])
+		}
+		if ki >= 0 {
+			dv[ki] = 0
+		}
+	}
+}
+
+// AgentDemand returns the demand the coordinator holds for one agent —
+// the offered cost per key of its last full report with every delta since
+// applied — or nil for an agent it does not know. For admin views and
+// tests; it allocates.
+func (c *Coordinator) AgentDemand(region, agent string) map[string]int64 {
+	a := c.agents[agentKey{region, agent}]
+	if a == nil {
+		return nil
+	}
+	m := make(map[string]int64, len(a.keys))
+	for j, ki := range a.keys {
+		m[c.budgets[ki].Key] = int64(a.vals[j])
+	}
+	return m
 }
 
 // fresh reports whether an agent's report still counts at now.

@@ -156,6 +156,26 @@
 // on the previous one before publishing it, and calls Advance. It reads no
 // clock, does no I/O and uses no randomness.
 //
+// A report is full or a delta (Report.Delta). A full report is the
+// agent's demand for the interval: every key with demand, an absent key
+// having none. A delta lists only the keys whose demand changed
+// materially since the agent last listed them (region.Config.ReportChange:
+// by more than 20 % by default, or starting or stopping), a key whose
+// demand ended with zero counts; Observe keeps the agent's last listed
+// demand for every other key, so a steady cluster's reports are nearly
+// empty. An agent sends deltas only to a coordinator whose tables
+// advertise reading them (Table.Features has FeatureDeltaReports), and a
+// full report after its table's term changes, while its lease is lapsed,
+// every ReportFullEvery at its own offset, and when a table asks for one:
+// a delta after a gap in the agent's intervals (a lost report), from an
+// agent the coordinator did not know or naming a key it did not know sets
+// the agent in the next tables' Resync until its full report arrives. A
+// lost delta thus costs about 2Δ of stale demand for the keys it listed —
+// the agent lists each change twice, in consecutive reports, so one lost
+// report costs nothing — and the periodic full report bounds what
+// anything else can cost. Demand only moves shares: a stale one never
+// breaks an invariant, it only places the budget worse.
+//
 // Reports are per closed interval of the agent's clock, which may run
 // MaxSkew ahead of the coordinator's: Observe takes a report once its
 // interval has closed on a clock MaxSkew ahead. Every Δ — or sooner, as
@@ -364,7 +384,9 @@
 // memory and one table row: at most 400 + 100·n bytes per key over n
 // regions (measured: 662 B at 3 regions, 1,262 B at 10, names of 15 bytes
 // included; TestCoordinatorMemoryPerKey). Per agent it keeps ~200 bytes
-// and 12 bytes per key its latest report names; a region keeps at most
+// and 12 bytes per key its demand names (its last full report with every
+// delta since), and once any delta arrived 8 bytes per key of scratch for
+// merging them; a region keeps at most
 // MaxAgentsPerRegion agents that membership does not list (members always
 // count), and an agent no table names is forgotten once its reports went
 // stale, or, if it only acknowledged, a lease plus MaxSkew after it was

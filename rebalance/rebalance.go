@@ -285,7 +285,7 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 	t := &Table{
 		Term: c.term, Epoch: c.epoch, Issued: now, Effective: max(eff, c.fence), PolicyVersion: c.policyVersion,
 		Regions: c.regions, Leases: make([]int64, n), Agents: make([][]string, n),
-		Keys: make([]KeyShares, K), Shadow: c.cfg.Shadow,
+		Keys: make([]KeyShares, K), Shadow: c.cfg.Shadow, Features: FeatureDeltaReports,
 	}
 	// A table names the live members (issue 17, defect 7: a report alone
 	// names no one, so an agent memberlist refuses gets no share) and
@@ -342,6 +342,18 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 			c.exposed[k] = max(c.exposed[k], c.leases[r]+skew)
 		}
 		slices.Sort(t.Agents[r])
+	}
+	for k, a := range c.agents {
+		if a.resync {
+			if t.Resync == nil {
+				t.Resync = make([][]string, n)
+			}
+			r := c.ridx[k.region]
+			t.Resync[r] = append(t.Resync[r], k.agent)
+		}
+	}
+	for _, names := range t.Resync {
+		slices.Sort(names)
 	}
 	// Only a live member extends how long it stays named; an agent named only because an earlier table named it drops
 	// out once that table's lease plus skew has passed.

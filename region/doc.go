@@ -98,6 +98,15 @@
 // 100 ms against a default MaxSkew of 500 ms; the simulator's transition
 // world ticks every Δ/50 with MaxSkew at least that.)
 //
+// Once the table in force says its coordinator reads them
+// (rebalance.FeatureDeltaReports), Tick's reports are deltas: only the keys
+// whose offered cost moved by more than Config.ReportChange since they were
+// last listed (or that started or stopped), each listed in two consecutive
+// reports, with a full report — every key at the cost it was last listed
+// with — every Config.ReportFullEvery, after a new term, while the lease is
+// lapsed and when a table asks (rebalance.Table.Resync). The package
+// rebalance's doc states what the coordinator keeps.
+//
 // # Shares, epochs and leases
 //
 // A global key runs at its region's share of the key's budget

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/rebalance"
 )
 
 // entry is one interned key: its store key and its demand counters for the
@@ -26,6 +27,10 @@ type entry struct {
 	// Owned by the Tick goroutine, under the shard's write lock.
 	idle int
 	dead bool // evicted: recorders re-intern
+	// listed is the demand the key was last listed with in a report, and
+	// relist says the next report lists it again (Config.ReportChange).
+	listed rebalance.Demand
+	relist bool
 
 	local gcra.State // local failure-mode state, guarded by Node.localMu
 

@@ -3,6 +3,7 @@ package region
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/meridian-quota/meridian/gcra"
@@ -140,7 +141,8 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	// now, and the superseded table once it is: it runs on the store from
 	// its effective time until t's, unless t takes effect first.
 	s := &snapshot{policy: old.policy, hasTable: true, term: t.Term, epoch: t.Epoch,
-		issued: t.Issued, effective: t.Effective, named: named, rows: rs}
+		issued: t.Issued, effective: t.Effective, named: named, features: t.Features, rows: rs,
+		resync: r < len(t.Resync) && slices.Contains(t.Resync[r], n.cfg.Agent)}
 	s.prevTerm, s.prevEpoch = n.inForce(old, now)
 	if old.hasTable && (s.prevTerm != old.term || s.prevEpoch != old.epoch) && old.effective <= t.Effective {
 		s.hasMid, s.midTerm, s.midEpoch, s.midEffective = true, old.term, old.epoch, old.effective
@@ -443,6 +445,15 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 	term, epoch := n.InForce(now)
 	rep := &rebalance.Report{Region: n.cfg.Region, Agent: n.cfg.Agent, Interval: idx - 1,
 		Term: term, Epoch: epoch, PolicyVersion: s.policy.Version()}
+	delta := n.cfg.ReportChange > 0 && s.hasTable && s.features&rebalance.FeatureDeltaReports != 0
+	// A lapsed lease means tables stopped reaching this agent, and likely
+	// its reports the coordinator: every report is full until a table
+	// renews it.
+	full := !delta || !n.fullSent || n.fullTerm != s.term || s.lapsed || (s.resync && n.fullGen != s.gen) || n.fullDue(idx-1)
+	if delta && full {
+		n.fullSent, n.fullTerm, n.fullGen = true, s.term, s.gen
+	}
+	rep.Delta = delta && !full
 	n.localMu.Lock() // e.local; lock order: localMu, then shards
 	defer n.localMu.Unlock()
 	for i := range n.keys.shards {
@@ -451,6 +462,20 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 		for name, e := range sh.m {
 			dm := rebalance.Demand{Offered: e.offered.Swap(0), OfferedCost: e.offeredCost.Swap(0),
 				Admitted: e.admitted.Swap(0), Denied: e.denied.Swap(0)}
+			if delta && e.global {
+				ch := n.changed(&e.listed, &dm)
+				if ch {
+					e.listed = dm
+				}
+				// A full report lists every key with demand (absent is
+				// none); a delta lists the changed ones, zero included.
+				if list := ch || e.relist; (full && e.listed.Offered > 0) || (!full && list) {
+					rep.Keys = append(rep.Keys, rebalance.KeyDemand{Key: name, Demand: e.listed})
+				}
+				e.relist = ch
+			} else {
+				e.listed, e.relist = dm, false
+			}
 			if dm.Offered == 0 {
 				e.idle++
 				if e.idle >= idleReports && e.local.TAT <= now {
@@ -461,7 +486,7 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 				continue
 			}
 			e.idle = 0
-			if e.global {
+			if e.global && !delta {
 				rep.Keys = append(rep.Keys, rebalance.KeyDemand{Key: name, Demand: dm})
 			}
 		}
@@ -469,6 +494,28 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 	}
 	slices.SortFunc(rep.Keys, func(a, b rebalance.KeyDemand) int { return cmp.Compare(a.Key, b.Key) })
 	return rep
+}
+
+// changed reports whether a key's demand cur in an interval differs enough
+// from the demand it was last listed with to list it again
+// (Config.ReportChange). A denied key gets no tighter threshold: in
+// BenchmarkControlCost a 5 % one for keys denied two intervals running fed
+// back — a listing moves shares, the move's limit change denies a request,
+// the denial lists the key again — and cost 16 bytes per key·region·s
+// instead of 3, while the simulator's UA moved by at most 0.1 point.
+func (n *Node) changed(last, cur *rebalance.Demand) bool {
+	if (last.Offered == 0) != (cur.Offered == 0) {
+		return true
+	}
+	a, b := float64(last.OfferedCost), float64(cur.OfferedCost)
+	return math.Abs(a-b) > n.cfg.ReportChange*max(a, b)
+}
+
+// fullDue reports whether interval i's report is this agent's periodic
+// full one (Config.ReportFullEvery).
+func (n *Node) fullDue(i int64) bool {
+	f := max(1, int64(n.cfg.ReportFullEvery/n.cfg.Interval))
+	return (i%f+f+n.fullPhase%f)%f == 0
 }
 
 // idleReports is how many empty reports a key stays tracked for.
