@@ -67,18 +67,20 @@ var knownFailures = []struct {
 	// first term waited for every region's report, and 407, an agent cut
 	// from NATS beyond its lease, until ewma's give-back changed; 730 and
 	// 1042 find it now too; 1321 did until the fence became 1 s, 101
-	// until ewma gave back as fast as it gains, and 5 does since.)
+	// until ewma gave back as fast as it gains, 5 until agents reported
+	// deltas, and 2449 does since: the first of seed 1's first 3,000.)
 	{"safety: an agent left unnamed by a false suspicion runs another epoch slot than its siblings on the same store",
-		CheckOABudget, "suspicion", 5, 0},
+		CheckOABudget, "suspicion", 2449, 0},
 	// An agent cut from NATS comes back to a table that runs its row
 	// reduced (slot 4v+1 of a version its siblings run in 4v) and reads
 	// their state, tagged with a version between its own two, as older
 	// than its previous one: converted through its reduced limit's long
 	// window, their bookings become credit and both agents book the same
 	// slots (schedule 4 since the fence became 1 s and the increase waits
-	// it on every store's clock: OA_budget 0.19 % of a key).
+	// it on every store's clock: OA_budget 0.19 % of a key; 590 since
+	// agents report deltas, which moved every schedule's timing).
 	{"safety: an agent back from a NATS partition runs another epoch slot than its siblings on the same store",
-		CheckOABudget, "agent-partition", 4, 0},
+		CheckOABudget, "agent-partition", 590, 0},
 }
 
 // known reports whether failure f is a known one: its check, and a fault
