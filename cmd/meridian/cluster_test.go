@@ -242,6 +242,9 @@ type tCluster struct {
 	// (lease, skew, fence, strategy, hysteresis, election TTL) instead of
 	// the tests' short ones; set it, and interval, before starting agents.
 	shipped bool
+	// policy is the agents' policy (tPolicy unless a test sets it, and
+	// writes it to policy.yaml, before starting agents).
+	policy string
 }
 
 func newTCluster(t testing.TB) *tCluster {
@@ -254,7 +257,7 @@ func newTClusterOn(t testing.TB, name string, opts ...natstest.Option) *tCluster
 	t.Helper()
 	c := &tCluster{t: t, dir: t.TempDir(), name: name,
 		nats: natstest.Start(t, opts...), log: &shareLog{}, agents: map[string]*tAgent{}, urls: map[string]string{}, interval: tΔ,
-		stores: map[string]*memstore.Store{}}
+		stores: map[string]*memstore.Store{}, policy: tPolicy}
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -335,7 +338,7 @@ func (c *tCluster) startAs(regionName string, tweak func(*agent.Config), log *sh
 			t.Fatal(err)
 		}
 	}
-	policy, err := region.ParsePolicy([]byte(tPolicy))
+	policy, err := region.ParsePolicy([]byte(c.policy))
 	if err != nil {
 		t.Fatal(err)
 	}
