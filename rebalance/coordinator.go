@@ -918,6 +918,22 @@ func (c *Coordinator) AgentDemand(region, agent string) map[string]int64 {
 	return m
 }
 
+// EachHeld calls fn for every key the held demand of an agent still
+// reporting at now (a fresh report) names, once per such agent: the keys
+// in use though no recent report named them, which delta reports leave
+// unnamed while their demand holds still. A silent agent vouches for
+// nothing.
+func (c *Coordinator) EachHeld(now int64, fn func(key string)) {
+	for _, a := range c.agents {
+		if !c.fresh(a, now) {
+			continue
+		}
+		for _, ki := range a.keys {
+			fn(c.budgets[ki].Key)
+		}
+	}
+}
+
 // fresh reports whether an agent's report still counts at now.
 func (c *Coordinator) fresh(a *agentState, now int64) bool {
 	return a.interval != math.MinInt64 && now/c.dt-1-a.interval < int64(c.cfg.StaleAfter)

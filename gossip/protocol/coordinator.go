@@ -20,8 +20,11 @@ type CoordinatorConfig struct {
 	// key beyond it is not budgeted — it runs at its safe share — and is
 	// counted (EventOverflow).
 	MaxKeys int
-	// KeyIdle: a key no report named for longer than this leaves the
-	// budgets.
+	// KeyIdle: a key that no report named, and for which no agent still
+	// reporting had demand held by the core, for longer than this leaves
+	// the budgets. (A steady key is named only by its agents' full and
+	// refresh reports: delta reports list what moves, and the core keeps
+	// the rest.)
 	KeyIdle time.Duration
 	// Queue bounds the reports waiting for the next Tick at Queue × the
 	// number of regions; Report refuses any beyond it.
@@ -162,7 +165,8 @@ type Term struct {
 	policy *region.Policy
 
 	keys     map[string]*keyState
-	budgeted int // keys with has set
+	heldScan int64 // when learnKeys last marked the keys the core holds demand for
+	budgeted int   // keys with has set
 
 	members []rebalance.Member
 	synced  bool // members were given to the core
@@ -542,6 +546,15 @@ func (t *Term) learnKeys(now int64) (add []rebalance.Budget, remove []string) {
 		t.event(Event{Kind: EventOverflow, N: overflow})
 	}
 	idle := t.cfg.KeyIdle.Microseconds()
+	if now-t.heldScan > idle/2 {
+		// Keys whose demand the core holds are in use, named or not.
+		t.heldScan = now
+		t.c.EachHeld(now, func(key string) {
+			if ks, ok := t.keys[key]; ok {
+				ks.lastSeen = now
+			}
+		})
+	}
 	for k, ks := range t.keys {
 		if now-ks.lastSeen > idle {
 			delete(t.keys, k)

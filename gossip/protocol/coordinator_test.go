@@ -773,3 +773,43 @@ func TestTermReads(t *testing.T) {
 		t.Fatal("Reads for a table naming no agent")
 	}
 }
+
+// TestTermKeepsKeysItsAgentsHoldDemandFor: a steady key is named by its
+// agent's first full report and then by none (delta reports list what
+// moves, every ReportRefresh at the longest), yet its demand stands: it
+// must not leave KeyIdle after it was last named. Fails on 92cc9f1: the
+// term dropped it, the key ran at its safe share until a refresh named it
+// again, and the simulator's steady-skew UA rose from 1.9 % to 3.1 %.
+func TestTermKeepsKeysItsAgentsHoldDemandFor(t *testing.T) {
+	cfg := termConfig()
+	idle := cfg.KeyIdle.Microseconds()
+	tm := newTestTerm(t, cfg, 1, nil, nil, termPolicy(t, termPolicyA), t0)
+	at := t0 + dt
+	tm.Report(termReport("eu", "a1", at, keyAcme), 0, at)
+	tm.Tick(at)
+	empty := func(at int64) *rebalance.Report {
+		r := termReport("eu", "a1", at)
+		r.Delta = true
+		return r
+	}
+	for at += dt; at <= t0+dt+2*idle; at += dt {
+		tm.Report(empty(at), 0, at)
+		tm.Tick(at)
+		if _, ok := tm.Budget(keyAcme); !ok {
+			t.Fatalf("%dµs after its only naming, with its agent reporting: the key left", at-t0-dt)
+		}
+	}
+	// Its demand ends (a delta lists it at zero): KeyIdle later it leaves.
+	end := termReport("eu", "a1", at)
+	end.Delta, end.Keys = true, []rebalance.KeyDemand{{Key: keyAcme}}
+	tm.Report(end, 0, at)
+	tm.Tick(at)
+	last := at
+	for at += dt; at <= last+idle+2*dt; at += dt {
+		tm.Report(empty(at), 0, at)
+		tm.Tick(at)
+	}
+	if _, ok := tm.Budget(keyAcme); ok {
+		t.Fatal("still budgeted KeyIdle after its demand ended")
+	}
+}
