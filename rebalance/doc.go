@@ -166,15 +166,16 @@
 // empty. An agent sends deltas only to a coordinator whose tables
 // advertise reading them (Table.Features has FeatureDeltaReports), and a
 // full report after its table's term changes, while its lease is lapsed,
-// every ReportFullEvery at its own offset, and when a table asks for one:
-// a delta after a gap in the agent's intervals (a lost report), from an
-// agent the coordinator did not know or naming a key it did not know sets
-// the agent in the next tables' Resync until its full report arrives. A
-// lost delta thus costs about 2Δ of stale demand for the keys it listed —
-// the agent lists each change twice, in consecutive reports, so one lost
-// report costs nothing — and the periodic full report bounds what
-// anything else can cost. Demand only moves shares: a stale one never
-// breaks an invariant, it only places the budget worse.
+// and when a table asks for one: a delta after a gap in the agent's
+// intervals (a lost report), from an agent the coordinator did not know
+// or naming a key it did not know sets the agent in the next tables'
+// Resync until its full report arrives. A lost delta thus costs about 2Δ
+// of stale demand for the keys it listed — the agent lists each change
+// twice, in consecutive reports, so one lost report costs nothing — and
+// each key is listed again at least every ReportRefresh (2 min by
+// default), which bounds what anything else can cost. Demand only moves
+// shares: a stale one never breaks an invariant, it only places the
+// budget worse.
 //
 // Reports are per closed interval of the agent's clock, which may run
 // MaxSkew ahead of the coordinator's: Observe takes a report once its

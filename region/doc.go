@@ -102,10 +102,11 @@
 // (rebalance.FeatureDeltaReports), Tick's reports are deltas: only the keys
 // whose offered cost moved by more than Config.ReportChange since they were
 // last listed (or that started or stopped), each listed in two consecutive
-// reports, with a full report — every key at the cost it was last listed
-// with — every Config.ReportFullEvery, after a new term, while the lease is
-// lapsed and when a table asks (rebalance.Table.Resync). The package
-// rebalance's doc states what the coordinator keeps.
+// reports and again at least every Config.ReportRefresh, with a full
+// report — every key at the cost it was last listed with — after a new
+// term, while the lease is lapsed and when a table asks
+// (rebalance.Table.Resync). The package rebalance's doc states what the
+// coordinator keeps.
 //
 // # Shares, epochs and leases
 //

@@ -31,6 +31,7 @@ type entry struct {
 	// relist says the next report lists it again (Config.ReportChange).
 	listed rebalance.Demand
 	relist bool
+	slot   uint32 // the key's offset within Config.ReportRefresh (FNV-1a of the name)
 
 	local gcra.State // local failure-mode state, guarded by Node.localMu
 
@@ -99,7 +100,7 @@ func (in *interner) get(name []byte, tag string, tagged, global bool) *entry {
 		return nil
 	}
 	s := string(name)
-	e = &entry{name: s, key: gcra.Key{Name: s}, global: global}
+	e = &entry{name: s, key: gcra.Key{Name: s}, global: global, slot: fnv32(s)}
 	if tagged {
 		e.key.Tag = tag
 	}
@@ -228,4 +229,14 @@ func unescape(s string) (string, error) {
 		i += 2
 	}
 	return b.String(), nil
+}
+
+// fnv32 is the 32-bit FNV-1a hash of s: a key's refresh offset, the same
+// in every process (the simulator's runs repeat exactly).
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := range len(s) {
+		h = (h ^ uint32(s[i])) * 16777619
+	}
+	return h
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"math/bits"
 	"slices"
@@ -121,18 +120,19 @@ type Config struct {
 	// last listed cost of every other key. 0 lists every key with demand
 	// in every report, as full reports do. In [0, 1).
 	ReportChange float64
-	// ReportFullEvery is how often a delta-reporting agent still sends a
-	// full report, listing every key at the cost it was last listed with
-	// (so noise below ReportChange never reaches the coordinator): it
-	// repairs a lost report, a key the coordinator did not know yet and an
-	// agent it forgot. Each agent sends its full report at its own offset
-	// within the period, and always after its table's term changes (a new
-	// coordinator remembers nothing), while its lease is lapsed (tables
-	// stopped reaching it, so its reports likely stopped reaching the
-	// coordinator) and when a table asks for one (Table.Resync: the
-	// coordinator missed a report). Below Interval with ReportChange > 0 is
-	// refused.
-	ReportFullEvery time.Duration
+	// ReportRefresh is the longest a delta-reporting agent goes without
+	// listing a key with demand: each key is listed once per ReportRefresh
+	// at the cost it was last listed with (so noise below ReportChange
+	// never reaches the coordinator), at its own offset, so the refresh is
+	// spread over the period. It is the repair of last resort: an agent
+	// sends a full report — every key at its listed cost — after its
+	// table's term changes (a new coordinator remembers nothing), while
+	// its lease is lapsed (tables stopped reaching it, so its reports
+	// likely stopped reaching the coordinator) and when a table asks for
+	// one (Table.Resync: the coordinator saw a gap in its reports, did not
+	// know it, or a key it listed). Below Interval with ReportChange > 0
+	// is refused.
+	ReportRefresh time.Duration
 }
 
 // DefaultConfig returns a Config for one agent of region among regions.
@@ -155,10 +155,9 @@ func DefaultConfig(region, agent string, regions ...string) Config {
 		// the simulator's UA moved by at most 0.2 point in every built-in
 		// scenario (0.1 would list a quarter of such keys every interval).
 		ReportChange: 0.2,
-		// The repair of last resort (a report lost with its repeat): at
-		// most 30 s of stale demand, for 1/6 of a full report per 5 s
-		// interval; a gap the coordinator sees is repaired at once.
-		ReportFullEvery: 30 * time.Second,
+		// The repair of last resort, for 1/24 of a full report per 5 s
+		// interval: a gap the coordinator sees is repaired within 2Δ.
+		ReportRefresh: 2 * time.Minute,
 	}
 }
 
@@ -209,8 +208,8 @@ func (c *Config) Validate() error {
 	if !(c.ReportChange >= 0 && c.ReportChange < 1) {
 		errs = append(errs, fmt.Errorf("region: ReportChange %v: must be in [0, 1)", c.ReportChange))
 	}
-	if c.ReportChange > 0 && c.ReportFullEvery < c.Interval {
-		errs = append(errs, fmt.Errorf("region: ReportFullEvery %s: must be at least Interval %s with ReportChange %v", c.ReportFullEvery, c.Interval, c.ReportChange))
+	if c.ReportChange > 0 && c.ReportRefresh < c.Interval {
+		errs = append(errs, fmt.Errorf("region: ReportRefresh %s: must be at least Interval %s with ReportChange %v", c.ReportRefresh, c.Interval, c.ReportChange))
 	}
 	if c.MaxReserveWait < 0 || c.MaxReserveWait > gcra.MaxWindow {
 		errs = append(errs, fmt.Errorf("region: MaxReserveWait %s: must be in [0, %s]", c.MaxReserveWait, gcra.MaxWindow))
@@ -283,11 +282,9 @@ type Node struct {
 	open    int64 // index of the open report interval
 	started bool
 	// fullTerm is the table term of the last full report sent in delta
-	// mode (fullSent: there was one); fullPhase offsets this agent's
-	// periodic full reports (Config.ReportFullEvery).
+	// mode (fullSent: there was one).
 	fullTerm    uint64
 	fullSent    bool
-	fullPhase   int64
 	fullGen     uint64       // the snapshot whose resync request a full report answered
 	leaseExpiry atomic.Int64 // read by Reserve on the hot path
 	regressions atomic.Int64
@@ -362,9 +359,6 @@ func NewNode(cfg Config, policy *Policy, store Store) (*Node, error) {
 		}
 	}
 	n := &Node{cfg: cfg, store: store, safe: cfg.safePPM()}
-	h := fnv.New64a()
-	h.Write([]byte(cfg.Region + "/" + cfg.Agent))
-	n.fullPhase = int64(h.Sum64() >> 1)
 	n.keys.init(cfg.MaxKeys)
 	n.publish(&snapshot{policy: policy})
 	return n, nil

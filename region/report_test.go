@@ -3,6 +3,7 @@ package region_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"testing"
@@ -151,20 +152,24 @@ func TestDeltaReports(t *testing.T) {
 	if !rep.Delta || len(rep.Keys) != 0 {
 		t.Fatalf("settled: delta %t, keys %v; want an empty delta", rep.Delta, listed(rep))
 	}
-	// Within ReportFullEvery (30 intervals of 1 s) a full report lists
-	// every key with demand at its listed cost.
-	fulls := 0
-	for range 30 {
+	// Within ReportRefresh (120 intervals of 1 s) every key with demand
+	// is listed once more at its listed cost, each at its own offset,
+	// in delta reports.
+	refreshed := map[string]int{}
+	for range 120 {
 		rep = r.interval([]int64{1480, 0, 2900}, false)
 		if !rep.Delta {
-			fulls++
-			if got, want := listed(rep), map[string]int64{r.keys[0]: 1500, r.keys[2]: 3000}; !mapsEqual(got, want) {
-				t.Fatalf("periodic full report: keys %v; want %v", got, want)
+			t.Fatalf("interval %d: a full report with nothing asking for one", rep.Interval)
+		}
+		for k, v := range listed(rep) {
+			if want := map[string]int64{r.keys[0]: 1500, r.keys[2]: 3000}[k]; v != want {
+				t.Fatalf("refresh lists %q at %d; want its listed cost %d", k, v, want)
 			}
+			refreshed[k]++
 		}
 	}
-	if fulls != 1 {
-		t.Fatalf("%d full reports in 30 intervals; want 1", fulls)
+	if want := map[string]int{r.keys[0]: 1, r.keys[2]: 1}; !maps.Equal(refreshed, want) {
+		t.Fatalf("listed in 120 intervals: %v; want each key with demand once", refreshed)
 	}
 	// A denied key gets no tighter threshold (see changed): a cost above
 	// the region's whole burst is denied, and 8 % more is not listed.
@@ -193,7 +198,7 @@ func TestDeltaReports(t *testing.T) {
 	// Cut off for longer than the lease (30 s): once it lapses, every
 	// report is full (they are lost here), and so is the first after.
 	r.deaf = true
-	fulls = 0
+	fulls := 0
 	for range 40 {
 		if rep = r.interval([]int64{100, 0, 0}, true); !rep.Delta {
 			fulls++

@@ -449,7 +449,9 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 	// A lapsed lease means tables stopped reaching this agent, and likely
 	// its reports the coordinator: every report is full until a table
 	// renews it.
-	full := !delta || !n.fullSent || n.fullTerm != s.term || s.lapsed || (s.resync && n.fullGen != s.gen) || n.fullDue(idx-1)
+	full := !delta || !n.fullSent || n.fullTerm != s.term || s.lapsed || (s.resync && n.fullGen != s.gen)
+	period := max(1, int64(n.cfg.ReportRefresh/n.cfg.Interval))
+	refresh := uint32((idx - 1) % period) // keys whose slot falls here are listed
 	if delta && full {
 		n.fullSent, n.fullTerm, n.fullGen = true, s.term, s.gen
 	}
@@ -469,7 +471,8 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 				}
 				// A full report lists every key with demand (absent is
 				// none); a delta lists the changed ones, zero included.
-				if list := ch || e.relist; (full && e.listed.Offered > 0) || (!full && list) {
+				list := ch || e.relist || (e.listed.Offered > 0 && e.slot%uint32(period) == refresh)
+				if (full && e.listed.Offered > 0) || (!full && list) {
 					rep.Keys = append(rep.Keys, rebalance.KeyDemand{Key: name, Demand: e.listed})
 				}
 				e.relist = ch
@@ -509,13 +512,6 @@ func (n *Node) changed(last, cur *rebalance.Demand) bool {
 	}
 	a, b := float64(last.OfferedCost), float64(cur.OfferedCost)
 	return math.Abs(a-b) > n.cfg.ReportChange*max(a, b)
-}
-
-// fullDue reports whether interval i's report is this agent's periodic
-// full one (Config.ReportFullEvery).
-func (n *Node) fullDue(i int64) bool {
-	f := max(1, int64(n.cfg.ReportFullEvery/n.cfg.Interval))
-	return (i%f+f+n.fullPhase%f)%f == 0
 }
 
 // idleReports is how many empty reports a key stays tracked for.
