@@ -341,3 +341,34 @@ func TestDeltaReportsConform(t *testing.T) {
 		}
 	})
 }
+
+// TestNoDeltaReportsToAnOldCoordinator: a coordinator of the previous
+// release reads every report as full, so an agent must not send it a
+// delta — its tables advertise nothing (no Features), and the agent's
+// reports stay full, every key at its demand in the interval, noise and
+// all.
+func TestNoDeltaReportsToAnOldCoordinator(t *testing.T) {
+	r := newReportRig(t, 2, nil)
+	for r.node.Table().Term == 0 {
+		r.interval([]int64{1000, 2000}, false)
+	}
+	tb := *r.coord.Latest()
+	tb.Epoch, tb.Features = tb.Epoch+100, 0 // the old coordinator's next table
+	if err := r.node.Apply(&tb, r.now); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range [][]int64{{1000, 2000}, {1050, 1900}, {990, 2010}} {
+		r.now += r.dt
+		var d region.Decision
+		for k, cost := range c {
+			req := &region.Request{Domain: "api", Cost: cost, Descriptors: []region.Descriptor{{Entries: []region.Entry{{Key: "tenant", Value: fmt.Sprintf("t%03d", k)}}}}}
+			if err := r.node.Decide(context.Background(), r.now-1, req, &d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rep := r.node.Tick(r.now)
+		if got, want := listed(rep), map[string]int64{r.keys[0]: c[0], r.keys[1]: c[1]}; rep.Delta || !mapsEqual(got, want) {
+			t.Fatalf("report %d under a table without features: delta %t, keys %v; want full, %v", i, rep.Delta, got, want)
+		}
+	}
+}

@@ -19,6 +19,23 @@ type ClusterConfig struct {
 	NATS        ClusterNATSConfig        `yaml:"nats"`
 	Members     ClusterMembersConfig     `yaml:"members"`
 	Coordinator ClusterCoordinatorConfig `yaml:"coordinator"`
+	Reports     ClusterReportsConfig     `yaml:"reports"`
+}
+
+// ClusterReportsConfig is what this agent's demand reports list once the
+// coordinator reads delta reports (region.Config.ReportChange,
+// ReportRefresh; 0: region.DefaultConfig's value).
+type ClusterReportsConfig struct {
+	// Change: a key is listed again when its offered cost in an interval
+	// moved by more than this part of the larger since it was last listed
+	// (default 0.2), in (0, 1).
+	Change float64 `yaml:"change"`
+	// Refresh: the longest a key with demand goes unlisted (default 2m); at
+	// least the interval.
+	Refresh Duration `yaml:"refresh"`
+	// Full lists every key with demand in every report, as agents did
+	// before delta reports (ten times the report bytes of a steady cluster).
+	Full bool `yaml:"full"`
 }
 
 // ClusterNATSConfig is the NATS connection. At most one of creds_file,
@@ -128,6 +145,12 @@ func (c *ClusterConfig) validate(bad func(field, format string, a ...any)) {
 		if d.v < 0 {
 			bad("cluster.coordinator."+d.name, "%s: must not be negative", time.Duration(d.v))
 		}
+	}
+	if r := c.Reports.Change; !(r >= 0 && r < 1) {
+		bad("cluster.reports.change", "%v: must be in (0, 1) (0: the default, 0.2)", r)
+	}
+	if c.Reports.Refresh < 0 {
+		bad("cluster.reports.refresh", "%s: must not be negative", time.Duration(c.Reports.Refresh))
 	}
 	// rebalance.Config.Validate's rule, with the defaults a 0 stands for,
 	// so that the file names the field.

@@ -21,6 +21,8 @@ func TestClusterConfig(t *testing.T) {
 		// Fails on 2023668: accepted (only rebalance's Validate, at start,
 		// checked the fence against the lease, and not against the skew).
 		{"fence below twice the skew", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K, fence: 900ms}}\n", "cluster.coordinator.fence: 900ms: must be at least twice max_skew (500ms)"},
+		{"report change of 1", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K}, reports: {change: 1}}\n", "cluster.reports.change: 1: must be in (0, 1)"},
+		{"negative report refresh", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K}, reports: {refresh: -1s}}\n", "cluster.reports.refresh: -1s"},
 		{"skew above half the default fence", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K, max_skew: 1500ms}}\n", "cluster.coordinator.fence: 1s: must be at least twice max_skew (1.5s)"},
 	}
 	for _, tt := range tests {
@@ -50,6 +52,20 @@ func TestClusterConfig(t *testing.T) {
 		cl.Coordinator.SignKeyFile != filepath.Join(dir, "sign.key") || cl.Coordinator.VerifyKeysFile != "/abs/verify.keys" ||
 		time.Duration(cl.Coordinator.Lease) != 20*time.Second {
 		t.Errorf("loaded %+v", cl)
+	}
+	// The reports section reaches the node: defaults, values, full.
+	for _, tt := range []struct {
+		give    string
+		change  float64
+		refresh time.Duration
+	}{{"", 0.2, 2 * time.Minute}, {"reports: {change: 0.05, refresh: 30s}", 0.05, 30 * time.Second}, {"reports: {full: true}", 0, 2 * time.Minute}} {
+		c, err := ParseConfig([]byte(base + "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K}, " + tt.give + "}\n"))
+		if err != nil {
+			t.Fatalf("%q: %v", tt.give, err)
+		}
+		if n := c.NodeConfig(); n.ReportChange != tt.change || n.ReportRefresh != tt.refresh {
+			t.Errorf("%q: node reports change %v, refresh %s; want %v, %s", tt.give, n.ReportChange, n.ReportRefresh, tt.change, tt.refresh)
+		}
 	}
 	// Without a cluster section the agent is standalone: one region only
 	// (TestStandaloneConfig has the multi-region error).

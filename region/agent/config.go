@@ -338,7 +338,8 @@ func (c *Config) ResolvedSafeFraction() float64 {
 // agent and regions, Δ, agents, the booking horizon (reserve_max_wait),
 // OneSlot on a Redis Cluster, the safe fraction (ResolvedSafeFraction:
 // standalone, region.StandaloneConfig's whole budget unless safe_fraction
-// says otherwise) and, in a cluster, the coordinator's max_skew. The node
+// says otherwise) and, in a cluster, the coordinator's max_skew and the
+// reports section. The node
 // and the coordinator must agree on Δ, the floors and the skew bound.
 func (c *Config) NodeConfig() region.Config {
 	n := region.DefaultConfig(c.Region, c.Agent, c.Regions...)
@@ -355,6 +356,16 @@ func (c *Config) NodeConfig() region.Config {
 		n.MaxSkew = rebalance.DefaultConfig().MaxSkew
 		if s := c.Cluster.Coordinator.MaxSkew.D(); s > 0 {
 			n.MaxSkew = s
+		}
+		r := c.Cluster.Reports
+		if r.Change > 0 {
+			n.ReportChange = r.Change
+		}
+		if r.Refresh > 0 {
+			n.ReportRefresh = r.Refresh.D()
+		}
+		if r.Full {
+			n.ReportChange = 0
 		}
 	}
 	return n
