@@ -702,27 +702,9 @@ func decodeHeader(b []byte, lim Limits) (*rebalance.Table, error) {
 			}
 			t.Features = uint32(features)
 		case fHdrResync:
-			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
-				if len(t.Resync) == lim.MaxRegions {
-					fr.why = fmt.Sprintf("more than %d resync lists", lim.MaxRegions)
-					break
-				}
-				var names []string
-				if names, fr.why = readAgents(f.b, lim); fr.why == "" {
-					t.Resync = append(t.Resync, names)
-				}
-			}
+			fr.why = addAgentList(f, lim, &t.Resync, "resync")
 		case fHdrAgents:
-			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
-				if len(t.Agents) == lim.MaxRegions {
-					fr.why = fmt.Sprintf("more than %d agent lists", lim.MaxRegions)
-					break
-				}
-				var names []string
-				if names, fr.why = readAgents(f.b, lim); fr.why == "" {
-					t.Agents = append(t.Agents, names)
-				}
-			}
+			fr.why = addAgentList(f, lim, &t.Agents, "agent")
 		}
 	}
 	if fr.why != "" {
@@ -742,6 +724,22 @@ func decodeHeader(b []byte, lim Limits) (*rebalance.Table, error) {
 }
 
 // readAgents reads one region's AgentList.
+// addAgentList appends the AgentList in field f to lists (what names
+// them in an error), at most lim.MaxRegions of them.
+func addAgentList(f *field, lim Limits, lists *[][]string, what string) string {
+	if why := wantType(f, protowire.BytesType); why != "" {
+		return why
+	}
+	if len(*lists) == lim.MaxRegions {
+		return fmt.Sprintf("more than %d %s lists", lim.MaxRegions, what)
+	}
+	names, why := readAgents(f.b, lim)
+	if why == "" {
+		*lists = append(*lists, names)
+	}
+	return why
+}
+
 func readAgents(b []byte, lim Limits) ([]string, string) {
 	var names []string
 	fr := fieldReader{msg: b}
