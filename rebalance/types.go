@@ -207,7 +207,11 @@ func split(budget gcra.Limit, shares, safe []uint32, out []int64, held bool) {
 	for i, s := range shares {
 		sh[i] = s
 		has[i] = s > 0 && !held
-		f[i] = SafeLimit(budget, safe[i], n).Burst()
+		if i > 0 && safe[i] == safe[i-1] {
+			f[i] = f[i-1] // equal floors (the default split): one derivation
+		} else {
+			f[i] = SafeLimit(budget, safe[i], n).Burst()
+		}
 	}
 	if m > n {
 		sh[n], has[n], f[n] = uint32(PPM-sum), false, 0
