@@ -386,8 +386,9 @@
 // regions (measured: 662 B at 3 regions, 1,262 B at 10, names of 15 bytes
 // included; TestCoordinatorMemoryPerKey). Per agent it keeps ~200 bytes
 // and 12 bytes per key its demand names (its last full report with every
-// delta since), and once any delta arrived 8 bytes per key of scratch for
-// merging them; a region keeps at most
+// delta since) plus 4 per key its last full report listed (their order,
+// Observe's first guess), and once any delta arrived 8 bytes per key of
+// scratch for merging them; a region keeps at most
 // MaxAgentsPerRegion agents that membership does not list (members always
 // count), and an agent no table names is forgotten once its reports went
 // stale, or, if it only acknowledged, a lease plus MaxSkew after it was
