@@ -3,6 +3,7 @@ package rebalance
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -1234,5 +1235,54 @@ func TestRebalanceWhenReportsAreIn(t *testing.T) {
 	take(c)
 	if got := sharesOf(c.Latest(), "k"); !slices.Equal(got, held) {
 		t.Fatalf("shares moved from %v to %v before b reported interval 2", held, got)
+	}
+}
+
+// TestObserveOrderGuess: Observe's first guess — each key at its place in
+// the agent's last full report — must never change what it reads: keys
+// reordered, removed and added between reports, or a key now at another
+// index, still land on their own budgets.
+func TestObserveOrderGuess(t *testing.T) {
+	names := []string{"a", "b", "c", "d"}
+	var budgets []Budget
+	for _, n := range names {
+		budgets = append(budgets, budget(n))
+	}
+	c, err := NewCoordinator(unitConfig("eu", "us"), budgets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	dt := c.dt
+	report := func(i int64, keys ...string) {
+		t.Helper()
+		r := &Report{Region: "eu", Agent: "eu-1", Interval: i}
+		for j, k := range keys {
+			r.Keys = append(r.Keys, KeyDemand{Key: k, Demand: Demand{Offered: 1, OfferedCost: int64(10 * (j + 1)), Admitted: 1}})
+		}
+		err := c.Observe(r, (i+1)*dt)
+		want := map[string]int64{}
+		for j, k := range keys {
+			if _, ok := c.kidx[k]; ok {
+				want[k] = int64(10 * (j + 1))
+			}
+		}
+		if got := c.AgentDemand("eu", "eu-1"); !maps.Equal(got, want) {
+			t.Fatalf("interval %d (%v, err %v): holds %v, want %v", i, keys, err, got, want)
+		}
+	}
+	report(1, "a", "b", "c", "d")
+	report(2, "d", "c", "b", "a")
+	report(3, "a", "b", "c", "d")
+	if err := c.UpdateKeys([]Budget{budget("e")}, []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	report(4, "a", "b", "c", "d") // "a" unknown now, the others rekeyed
+	report(5, "b", "c", "d", "e")
+	report(6, "e", "b", "c", "d")
+	if err := c.Observe(&Report{Region: "eu", Agent: "eu-1", Interval: 7, Keys: []KeyDemand{{Key: "e", Demand: Demand{Offered: 1, OfferedCost: 1}}, {Key: "e", Demand: Demand{Offered: 1, OfferedCost: 1}}}}, 8*dt); err == nil {
+		t.Fatal("a key listed twice, at its guessed place both times: accepted")
 	}
 }
