@@ -2,14 +2,19 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 
 	"github.com/meridian-quota/meridian/internal/loadgen"
@@ -28,8 +33,14 @@ throughput against the first one's. The default target is an agent on its
 config's default grpc address. An agent with auth takes the bearer token
 from --token or --token-file (sent to every target).
 
+--metrics name=host:port,... names the HTTP address of each Meridian target:
+its /metrics is read before and after each caller count, and the decisions
+it answered from a failure mode (fallback) or its deny cache are printed. A
+target that answered any from a fallback did not measure its store path:
+its rows are marked INVALID and the command exits 1.
+
   meridian bench noop-rls --listen 127.0.0.1:9081 &
-  meridian bench agent --targets noop=127.0.0.1:9081,agent=127.0.0.1:8081 --token-file tokens.txt`
+  meridian bench agent --targets noop=127.0.0.1:9081,agent=127.0.0.1:8081 --metrics agent=127.0.0.1:8080 --token-file tokens.txt`
 
 func runBenchAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	def := loadgen.DefaultConfig()
@@ -44,12 +55,17 @@ func runBenchAgent(ctx context.Context, args []string, stdout, stderr io.Writer)
 	keys := fs.Int("keys", def.Keys, "distinct descriptor values")
 	domain := fs.String("domain", "api", "RLS domain")
 	key := fs.String("key", "tenant", "descriptor key")
+	metricsFlag := fs.String("metrics", "", "name=host:port,... the HTTP address of each Meridian target, whose /metrics says what it answered from a fallback or its deny cache")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	counts, err := parseCallers(*callers)
-	if err != nil || *targets == "" {
-		fmt.Fprintf(stderr, "meridian bench agent: --targets name=host:port,... and --callers N,... are required (%v)\n", err)
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "meridian bench agent: --callers %q: %v; give caller counts like 1,8,64\n", *callers, err)
+		return errUsage
+	case *targets == "":
+		fmt.Fprintln(stderr, "meridian bench agent: --targets is empty; give name=host:port,... of the RLS servers to drive")
 		return errUsage
 	}
 	var dial []grpc.DialOption
@@ -70,12 +86,24 @@ func runBenchAgent(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		ts = append(ts, tgt{name, addr})
 	}
+	metricsAddr := map[string]string{}
+	if *metricsFlag != "" {
+		for _, m := range strings.Split(*metricsFlag, ",") {
+			name, addr, ok := strings.Cut(m, "=")
+			if !ok || name == "" || addr == "" || !slices.ContainsFunc(ts, func(t tgt) bool { return t.name == name }) {
+				fmt.Fprintf(stderr, "meridian bench agent: --metrics: %q is not name=host:port of a target in --targets\n", m)
+				return errUsage
+			}
+			metricsAddr[name] = addr
+		}
+	}
 	run := loadgen.Config{Callers: 1, Duration: *duration, Keys: *keys, Seed: 1, Warmup: *warmup}
 	if err := checkRounds(run, *rounds); err != nil {
 		fmt.Fprintf(stderr, "meridian bench agent: %v\n", err)
 		return errUsage
 	}
 	var reports []loadgen.Report
+	var answers []answered
 	for _, n := range counts {
 		targets := make([]loadgen.Target, 0, len(ts))
 		closeAll := func() {
@@ -95,15 +123,44 @@ func runBenchAgent(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		cfg := run
 		cfg.Callers = n
+		before, err := scrapeAll(ctx, metricsAddr)
+		if err != nil {
+			closeAll()
+			return err
+		}
 		rs, err := loadgen.Interleave(ctx, cfg, *rounds, targets)
 		closeAll()
 		if err != nil {
 			return fmt.Errorf("at %d callers: %w", n, err)
 		}
+		after, err := scrapeAll(ctx, metricsAddr)
+		if err != nil {
+			return err
+		}
+		for i := range rs {
+			if b, ok := before[rs[i].Target]; ok {
+				answers = append(answers, answered{callers: n, target: rs[i].Target, counts: after[rs[i].Target].minus(b)})
+			}
+		}
 		reports = append(reports, rs...)
 	}
 	if err := loadgen.FormatTable(stdout, reports); err != nil {
 		return err
+	}
+	invalid := 0
+	if len(answers) > 0 {
+		fmt.Fprintln(stdout)
+	}
+	for _, a := range answers {
+		c := a.counts
+		fb := c.fallback()
+		fmt.Fprintf(stdout, "callers %3d: %s answered %.0f decisions: %.0f from a fallback (open %.0f, closed %.0f, local %.0f, error %.0f), %.0f from its deny cache",
+			a.callers, a.target, c.decisions, fb, c.open, c.closed, c.local, c.err, c.denyCache)
+		if fb > 0 {
+			invalid++
+			fmt.Fprint(stdout, " — INVALID: not its store path")
+		}
+		fmt.Fprintln(stdout)
 	}
 	fmt.Fprintln(stdout)
 	for i := 0; i < len(reports); i += len(ts) {
@@ -112,7 +169,81 @@ func runBenchAgent(ctx context.Context, args []string, stdout, stderr io.Writer)
 			fmt.Fprintf(stdout, "callers %3d: %s/%s = %.2f×\n", base.Callers, r.Target, base.Target, r.PerSecond/base.PerSecond)
 		}
 	}
+	if invalid > 0 {
+		return fmt.Errorf("bench agent: %d of the measured rows answered from a fallback (marked INVALID above): the store path was not measured", invalid)
+	}
 	return nil
+}
+
+// answered is what one Meridian target's /metrics counted over one caller
+// count's rounds.
+type answered struct {
+	callers int
+	target  string
+	counts  answerCounts
+}
+
+// answerCounts are a Meridian agent's decision counters.
+type answerCounts struct {
+	decisions, open, closed, local, err, denyCache float64
+}
+
+func (a answerCounts) fallback() float64 { return a.open + a.closed + a.local + a.err }
+
+func (a answerCounts) minus(b answerCounts) answerCounts {
+	return answerCounts{a.decisions - b.decisions, a.open - b.open, a.closed - b.closed, a.local - b.local, a.err - b.err, a.denyCache - b.denyCache}
+}
+
+// scrapeAll reads every named target's counters (name → host:port).
+func scrapeAll(ctx context.Context, addrs map[string]string) (map[string]answerCounts, error) {
+	out := make(map[string]answerCounts, len(addrs))
+	for name, addr := range addrs {
+		c, err := scrapeAnswers(ctx, addr)
+		if err != nil {
+			return nil, fmt.Errorf("bench agent: --metrics %s=%s: %w", name, addr, err)
+		}
+		out[name] = c
+	}
+	return out, nil
+}
+
+// scrapeAnswers reads a Meridian agent's decision, fallback and deny-cache
+// counters from http://addr/metrics, each summed over its labels.
+func scrapeAnswers(ctx context.Context, addr string) (answerCounts, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return answerCounts{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return answerCounts{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return answerCounts{}, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return answerCounts{}, fmt.Errorf("GET /metrics: %w", err)
+	}
+	sum := func(name string) float64 {
+		v := 0.0
+		if f := fams[name]; f != nil {
+			for _, m := range f.GetMetric() {
+				v += m.GetCounter().GetValue()
+			}
+		}
+		return v
+	}
+	if fams["meridian_decisions_total"] == nil {
+		return answerCounts{}, errors.New("no meridian_decisions_total: not a Meridian agent's /metrics")
+	}
+	return answerCounts{decisions: sum("meridian_decisions_total"), open: sum("meridian_fallback_open_total"),
+		closed: sum("meridian_fallback_closed_total"), local: sum("meridian_fallback_local_total"),
+		err: sum("meridian_fallback_error_total"), denyCache: sum("meridian_deny_cache_hits_total")}, nil
 }
 
 func runNoopRLS(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -15,6 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/meridian-quota/meridian/internal/testenv"
 	"github.com/meridian-quota/meridian/region/agent"
 )
 
@@ -90,5 +94,62 @@ func TestBenchAgentDefaultTarget(t *testing.T) {
 	want := `"agent=` + agent.DefaultConfig().GRPC + `"`
 	if !strings.Contains(stdout.String(), want) {
 		t.Errorf("--targets default is not %s:\n%s", want, stdout.String())
+	}
+}
+
+// TestBenchAgentMarksFallbackRuns is issue 19's honest agent benchmark: a
+// run in which an agent answered from a failure mode measured the
+// fallback, not its store path. bench agent reads the agent's /metrics
+// around each caller count, prints what it answered from a fallback and
+// its deny cache, and marks such a run INVALID (exit 1). Fails on acfb61d,
+// whose bench agent printed the fallback's decisions/s as the agent's.
+func TestBenchAgentMarksFallbackRuns(t *testing.T) {
+	free := func() string {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lis.Close()
+		return lis.Addr().String()
+	}
+	policy := "domains:\n  - domain: api\n    descriptors:\n      - key: tenant\n        rate_limit: {unit: second, requests_per_unit: 1000000, burst: 1000000, failure_mode: local}\n"
+	start := func(redisAddr string) (grpcAddr, httpAddr string) {
+		grpcAddr, httpAddr = free(), free()
+		conf := fmt.Sprintf("region: eu\nagent: eu-1\nregions: [eu]\npolicy: policy.yaml\ngrpc: %s\nhttp: %s\nredis: {addr: %q}\n", grpcAddr, httpAddr, redisAddr)
+		runAgentFiles(t, map[string]string{"policy.yaml": policy, "agent.yaml": conf})
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if resp, err := http.Get("http://" + httpAddr + "/healthz"); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return grpcAddr, httpAddr
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("agent not healthy within 10 s")
+			}
+		}
+	}
+	bench := func(grpcAddr, httpAddr string) (int, string) {
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), []string{"bench", "agent", "--targets", "agent=" + grpcAddr, "--metrics", "agent=" + httpAddr,
+			"--duration", "100ms", "--rounds", "1", "--warmup", "0s", "--callers", "1,2", "--keys", "3"}, &stdout, &stderr)
+		return code, stdout.String() + stderr.String()
+	}
+	// Redis down: every decision comes from failure_mode local.
+	dead := free()
+	code, out := bench(start(dead))
+	if code != 1 || strings.Count(out, "— INVALID") != 2 || !strings.Contains(out, "answered from a fallback") {
+		t.Fatalf("Redis down: exit %d, want 1 with both caller counts INVALID:\n%s", code, out)
+	}
+	// A working Redis: the store path, nothing from a fallback.
+	srv := testenv.StartRedis(t)
+	code, out = bench(start(srv.Addr))
+	if code != 0 || strings.Contains(out, "INVALID") || !strings.Contains(out, ": 0 from a fallback (open 0, closed 0, local 0, error 0)") {
+		t.Fatalf("Redis up: exit %d, want 0 and no fallback answers:\n%s", code, out)
+	}
+	// --metrics must name a target.
+	var stdout, stderr strings.Builder
+	if code := run(context.Background(), []string{"bench", "agent", "--targets", "a=127.0.0.1:1", "--metrics", "b=127.0.0.1:2"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "is not name=host:port of a target") {
+		t.Errorf("--metrics of no target: exit %d, stderr %q", code, stderr.String())
 	}
 }
