@@ -49,6 +49,7 @@ type lane struct {
 	mu      sync.Mutex
 	pending []*op
 	busy    bool          // a script call of this lane is being built or is in flight
+	call    atomic.Uint64 // the lane's latest script call (Store.calls): what a queued op waits on
 	parked  bool          // the lane's runner waits on wake for the next queue
 	wake    chan struct{} // capacity 1: release hands the queue to a parked runner
 }
@@ -135,9 +136,10 @@ func (s *Store) run(ctx context.Context, kind opKind, checks []gcra.Check, maxWa
 	if !l.busy {
 		// Nothing in flight: go now, alone, on the caller's goroutine.
 		l.busy = true
+		call := s.nextCall(l)
 		l.mu.Unlock()
 		o.state.Store(opTaken)
-		s.exec(ctx, []*op{o})
+		s.exec(ctx, []*op{o}, call)
 		s.release(l)
 	} else {
 		l.pending = append(l.pending, o)
@@ -147,8 +149,10 @@ func (s *Store) run(ctx context.Context, kind opKind, checks []gcra.Check, maxWa
 		case <-ctx.Done():
 			// Abandon: a queued op is skipped; a taken one is answered
 			// into its own buffers and left to the garbage collector.
+			// The store held it: it waited on the lane's call in flight,
+			// whose round trip is what failed to answer in time.
 			o.state.CompareAndSwap(opQueued, opAbandoned)
-			return ctx.Err()
+			return &RoundTripError{Call: l.call.Load(), Err: ctx.Err()}
 		}
 	}
 	err := o.err
@@ -242,11 +246,13 @@ func (s *Store) drain(l *lane, batch []*op) []*op {
 		rest := copy(l.pending, l.pending[n:])
 		clear(l.pending[rest:])
 		l.pending = l.pending[:rest]
-		l.mu.Unlock()
 		if len(batch) == 0 {
+			l.mu.Unlock()
 			continue
 		}
-		s.exec(context.Background(), batch)
+		call := s.nextCall(l)
+		l.mu.Unlock()
+		s.exec(context.Background(), batch, call)
 		for _, o := range batch {
 			o.done <- struct{}{}
 		}
@@ -302,8 +308,15 @@ type scratch struct {
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
-// exec sends ops as one script call and stores each op's answer.
-func (s *Store) exec(ctx context.Context, ops []*op) {
+// nextCall numbers the next script call of lane l.
+func (s *Store) nextCall(l *lane) uint64 {
+	id := s.calls.Add(1)
+	l.call.Store(id)
+	return id
+}
+
+// exec sends ops as script call number call and stores each op's answer.
+func (s *Store) exec(ctx context.Context, ops []*op, call uint64) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	sc := scratchPool.Get().(*scratch)
@@ -378,7 +391,7 @@ func (s *Store) exec(ctx context.Context, ops []*op) {
 		}
 	}
 	if err != nil {
-		err = fmt.Errorf("redisstore: eval gcra: %w", err)
+		err = &RoundTripError{Call: call, Err: fmt.Errorf("redisstore: eval gcra: %w", err)}
 		for _, o := range ops {
 			o.err = err
 		}

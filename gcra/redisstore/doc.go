@@ -124,7 +124,11 @@
 // the call or one key, with Redis healthy, and say so (a method
 // StoreHealthy() bool returning true), so that a circuit breaker does not
 // count them as Redis failing; time-outs, connection errors, Redis error
-// replies and ErrReply do count.
+// replies and ErrReply do count. Those come as a *RoundTripError naming
+// the script call that failed, the same for every decision batched into it
+// or queued behind it (a queued caller whose context ends gets its
+// context's error in one), so a breaker can count failed round trips
+// rather than the decisions they happened to carry.
 //
 // # Tests
 //

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -55,6 +56,26 @@ var (
 	// reported.
 	errNotDecided = errors.New("redisstore: not decided")
 )
+
+// RoundTripError is the error of every decision one script call carried
+// when that call failed (a time-out, a refused connection, an error reply
+// from Redis), and of every decision whose caller gave up while queued
+// behind it: one Redis round trip failing fails every decision batched
+// into it or waiting on it, all with one RoundTripError. RoundTrip tells a
+// caller's circuit breaker how many round trips failed, not how many
+// decisions they carried (region/agent's counts each round trip once: a
+// batch of 64 decisions that timed out once had opened a breaker set to
+// open after 5 failures in a row — issue 19).
+type RoundTripError struct {
+	Call uint64 // the script call, numbered per Store from 1
+	Err  error
+}
+
+func (e *RoundTripError) Error() string { return e.Err.Error() }
+func (e *RoundTripError) Unwrap() error { return e.Err }
+
+// RoundTrip identifies the failed script call within its Store.
+func (e *RoundTripError) RoundTrip() uint64 { return e.Call }
 
 // callError is an error about a call or one key's data, with Redis
 // healthy.
@@ -204,6 +225,7 @@ type Store struct {
 	// fenceKey is the region fence's key (fence.go): the prefix and a
 	// name with no '{', so no key RedisKey makes can be it.
 	fenceKey string
+	calls    atomic.Uint64 // script calls made (RoundTripError.Call)
 }
 
 var _ gcra.Store = (*Store)(nil)

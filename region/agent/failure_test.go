@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -330,5 +331,70 @@ func TestBreakerOpensOnCallerDeadlines(t *testing.T) {
 	}
 	if hb.Open() {
 		t.Error("cancelled and late callers opened the breaker")
+	}
+}
+
+// TestBreakerCountsRoundTripsNotDecisions pauses a private redis-server
+// while 64 decisions are on their way: the store batches them into a few
+// script calls, each of which times out, and the breaker (5 failures) must
+// count those round trips, not the 64 decisions they carried — it opens
+// exactly when 5 or more round trips failed. Fails on bbdb3c5, where every
+// decision of a failed batch counted: one slow call opened the breaker
+// (issue 19: 10–65 opens a run under load, the local fallback answering
+// ~200,000 decisions).
+func TestBreakerCountsRoundTripsNotDecisions(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	scfg := redisstore.DefaultConfig()
+	scfg.Timeout = 300 * time.Millisecond
+	scfg.Lanes = 1 // every decision on one queue: one call in flight, the rest batched behind it
+	store, err := redisstore.New(c, scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const failures = 5
+	br, err := NewBreaker(BreakerConfig{Failures: failures, Cooldown: Duration(time.Minute)}, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func(key string) error {
+		checks := []gcra.Check{{Key: gcra.Key{Name: key}, Schedule: gcra.Steady(gcra.PerSecond(10, 10)), Cost: 1}}
+		_, err := br.DecideAll(context.Background(), checks, make([]gcra.Result, 1))
+		return err
+	}
+	if err := decide("breaker:batch:warm"); err != nil {
+		t.Fatalf("healthy Redis: %v", err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	const n = 64
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- decide(fmt.Sprintf("breaker:batch:%d", i)) }()
+	}
+	calls := map[uint64]int{}
+	for range n {
+		err := <-errs
+		var rt *redisstore.RoundTripError
+		if !errors.As(err, &rt) {
+			t.Fatalf("a decision in a paused Redis: %v, want a RoundTripError", err)
+		}
+		calls[rt.Call]++
+	}
+	t.Logf("%d decisions failed in %d round trips: %v", n, len(calls), calls)
+	if len(calls) >= failures {
+		t.Fatalf("the %d decisions took %d round trips: the test needs fewer than %d to tell round trips from decisions", n, len(calls), failures)
+	}
+	if br.Open() {
+		t.Fatalf("the breaker opened after %d failed round trips (%d decisions), want %d round trips", len(calls), n, failures)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := decide("breaker:batch:after"); err != nil {
+		t.Fatalf("Redis resumed: %v", err)
 	}
 }
