@@ -255,7 +255,9 @@
 // (the failure modes decide at once) for Cooldown, then lets one call
 // probe: success closes it, failure reopens it for another Cooldown. Only
 // the store failing counts (BreakerFailed); a call whose caller gave up,
-// or whose input the store refused, is BreakerIgnored. While open only the
+// or whose input the store refused, is BreakerIgnored, and so is each
+// further decision of a store round trip already counted (region/agent
+// counts a failed batch of decisions once). While open only the
 // probe's outcome counts, and a probe unreported for a Cooldown is given
 // up on, so the next call probes. The rule is here, not in region/agent
 // (which wraps the store in a Breaker holding the lock, the monotonic
