@@ -115,7 +115,11 @@ func TestBenchAgentMarksFallbackRuns(t *testing.T) {
 	policy := "domains:\n  - domain: api\n    descriptors:\n      - key: tenant\n        rate_limit: {unit: second, requests_per_unit: 1000000, burst: 1000000, failure_mode: local}\n"
 	start := func(redisAddr string) (grpcAddr, httpAddr string) {
 		grpcAddr, httpAddr = free(), free()
-		conf := fmt.Sprintf("region: eu\nagent: eu-1\nregions: [eu]\npolicy: policy.yaml\ngrpc: %s\nhttp: %s\nredis: {addr: %q}\n", grpcAddr, httpAddr, redisAddr)
+		// A Redis timeout no call of a working Redis outlives, however
+		// loaded the machine: with the 5 ms default, CI under -race with
+		// another job beside it saw 5 calls time out and the working
+		// Redis's run marked INVALID. A dead one refuses at once.
+		conf := fmt.Sprintf("region: eu\nagent: eu-1\nregions: [eu]\npolicy: policy.yaml\ngrpc: %s\nhttp: %s\nredis: {addr: %q, timeout: 5s}\n", grpcAddr, httpAddr, redisAddr)
 		runAgentFiles(t, map[string]string{"policy.yaml": policy, "agent.yaml": conf})
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 			if resp, err := http.Get("http://" + httpAddr + "/healthz"); err == nil {
