@@ -197,13 +197,8 @@ func (b *Breaker) done(ctx context.Context, probe, late bool, err error) {
 	o := outcome(ctx, late, err)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if rt, ok := errors.AsType[roundTrip](err); ok && o == region.BreakerFailed {
-		if id := rt.RoundTrip(); id != 0 && slices.Contains(b.failed[:], id) {
-			o = region.BreakerIgnored
-		} else {
-			b.failed[b.nextF] = id
-			b.nextF = (b.nextF + 1) % len(b.failed)
-		}
+	if o == region.BreakerFailed {
+		o = b.once(err)
 	}
 	opened, closed := b.policy.Done(b.now(), probe, o)
 	switch {
@@ -213,6 +208,23 @@ func (b *Breaker) done(ctx context.Context, probe, late bool, err error) {
 	case closed:
 		b.state.Set(0)
 	}
+}
+
+// once is a failure's outcome the first time its round trip fails, and
+// BreakerIgnored for the other decisions that round trip carried. The
+// caller holds mu.
+func (b *Breaker) once(err error) region.BreakerOutcome {
+	rt, ok := errors.AsType[roundTrip](err)
+	if !ok {
+		return region.BreakerFailed
+	}
+	id := rt.RoundTrip()
+	if id != 0 && slices.Contains(b.failed[:], id) {
+		return region.BreakerIgnored
+	}
+	b.failed[b.nextF] = id
+	b.nextF = (b.nextF + 1) % len(b.failed)
+	return region.BreakerFailed
 }
 
 // clientSpan and serverSpan are the span kinds, made once.
