@@ -75,15 +75,32 @@
 // # Stored state
 //
 // Nothing is rewritten in bulk when shares change, and a key costs one
-// small value: its Value, the exact TAT and the low TagBits (40) bits of
-// the epoch it was written under (EpochTag), 12 bytes that every store
-// keeps as they are — Redis as the key's string, gcra/memstore in its
-// entry (see EncodeValue). What a store keeps is therefore read back
-// exactly under any later schedule: however long the key lives, however
-// many versions its limit has moved on, with a TAT far behind now. The
-// packed integer of earlier releases (PackV1), which kept the TAT only
-// modulo 2^37 and had to guess the rest from the schedule, is still read
-// (UnpackV1) so that their keys and agents survive an upgrade.
+// small value: its Value, the exact TAT, the low TagBits (40) bits of the
+// epoch it was written under (EpochTag) and the limit it was written under
+// (State.T, State.Burst), 24 bytes that every store keeps as they are —
+// Redis as the key's string, gcra/memstore in its entry (see EncodeValue).
+// What a store keeps is therefore read back exactly under any later
+// schedule: however long the key lives, however many versions its limit
+// has moved on, with a TAT far behind now, and whichever limit wrote it.
+// A TAT counts tokens in its writer's unit (T): read in another limit's
+// unit, a fast writer's spent window is a slow reader's credit. So a state
+// written under another limit than the one the reader's schedule gives its
+// epoch — a sibling agent of the region in another epoch slot (one whose
+// lease lapsed, one restarted cold, one a false suspicion left unnamed),
+// a version the reader skipped, or the same epoch at another reduced
+// limit — is converted from its writer's limit: to the tokens it holds at
+// c = max(the reader's version's effective time, min(now, its TAT)),
+// clamped to the reader's burst, refilling at the reader's rate from c
+// (any c in that range counts every admission and refills only while the
+// reader's limit was in force; the latest keeps a state written long after
+// the change from reading its rested time as debt). A state older than the
+// reader's previous change is also floored at "empty at that change", as
+// above. The 12-byte value of the release before (EncodeValueV2, no
+// writer's limit) and the packed integer of earlier ones (PackV1, which
+// kept the TAT only modulo 2^37 and had to guess the rest from the
+// schedule) are still read (DecodeValue, UnpackV1) — as those releases
+// read them, in the reader's unit — so that their keys and agents survive
+// an upgrade.
 //
 // Tags compare by serial-number arithmetic: a Schedule's current epoch tag
 // must be 1 to 2^39 − 1 ahead of its previous one (Validate refuses

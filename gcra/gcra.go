@@ -16,11 +16,34 @@ import (
 // write. From then on a missing key decides exactly like this state, so a
 // store may drop it (Redis: PX). Stores keep a state as its Value, which
 // does not hold Rested; the expiry carries it.
+//
+// T and Burst are the limit the TAT was written under — the unit its
+// tokens are counted in — so that a reader under another limit converts it
+// exactly (see Schedule). Both are zero when unknown: a state an older
+// release wrote (a 12-byte Value or a packed integer), which is read as
+// that release read it.
 type State struct {
 	TAT    int64  // theoretical arrival time, µs on the store's clock
 	Rested int64  // µs; see above. Not part of the stored Value.
 	Epoch  uint64 // EpochTag of the limit the state was written under (TagBits wide)
+	T      int64  // the writer's emission interval, µs; 0: unknown
+	Burst  int64  // the writer's burst; 0: unknown
 	Exists bool
+}
+
+// writer is the limit st's TAT was written under, or def when st does not
+// say (an older release wrote it).
+func (st *State) writer(def *Limit) Limit {
+	if st.T == 0 {
+		return *def
+	}
+	return FromInterval(st.T, st.Burst)
+}
+
+// under reports whether st's TAT counts tokens in l's unit: its writer's
+// limit is l, or unknown.
+func (st *State) under(l *Limit) bool {
+	return st.T == 0 || (st.T == l.t && st.Burst == l.burst)
 }
 
 // Result is the outcome of one decision. A denial is a Result, never an

@@ -537,8 +537,13 @@ func TestDecideAll(t *testing.T) {
 				wantNext = tt.states
 			}
 			for i := range next {
-				if next[i] != wantNext[i] {
-					t.Errorf("next[%d] = %+v, want %+v", i, next[i], wantNext[i])
+				wantNext := wantNext[i]
+				if tt.wantWrite {
+					// A written state names the limit it was written under.
+					wantNext.T, wantNext.Burst = out[i].Limit.IntervalMicros(), out[i].Limit.Burst()
+				}
+				if next[i] != wantNext {
+					t.Errorf("next[%d] = %+v, want %+v", i, next[i], wantNext)
 				}
 				if out[i] != tt.wantOut[i] {
 					t.Errorf("out[%d] = %+v\n             want %+v", i, out[i], tt.wantOut[i])
@@ -714,8 +719,11 @@ func TestDecideLimitChange(t *testing.T) {
 			if want := tt.wantWrite.Exists; write != want {
 				t.Fatalf("write = %v, want %v", write, want)
 			}
-			if write && next != tt.wantWrite {
-				t.Errorf("wrote %+v, want %+v", next, tt.wantWrite)
+			// A written state names the limit that decided it.
+			wantWrite := tt.wantWrite
+			wantWrite.T, wantWrite.Burst = r.Limit.IntervalMicros(), r.Limit.Burst()
+			if write && next != wantWrite {
+				t.Errorf("wrote %+v, want %+v", next, wantWrite)
 			}
 			if !write && next != tt.st {
 				t.Errorf("no write, but state %+v became %+v", tt.st, next)
@@ -772,5 +780,88 @@ func TestRetryAfterExactWhenConversionClamped(t *testing.T) {
 	ra := us(r.RetryAfter)
 	if _, _, again, _ := gcra.Decide(st, ta+ra, &sch, 1); !again.Allowed {
 		t.Errorf("denied with RetryAfter %v; at +RetryAfter denied again with RetryAfter %v", r.RetryAfter, again.RetryAfter)
+	}
+}
+
+// TestDecideWriterLimit reads states written under another limit than the
+// one their epoch names for the reader: the TAT counts the writer's tokens,
+// so it is converted from the writer's limit. Every case fails on 7833642,
+// which read such a TAT in the reader's own unit (the explorer's epoch-slot
+// class: a sibling agent of the region in another epoch slot, or one that
+// skipped a version, turned a fast writer's admissions into credit under a
+// slow limit — OA_budget up to 1.1 % of a key).
+func TestDecideWriterLimit(t *testing.T) {
+	const ta = 100 * s
+	fast := gcra.PerSecond(10, 10)           // T 100 ms, window 1 s
+	slow := gcra.FromInterval(1*s, 10)       // T 1 s, window 10 s
+	fastHalf := gcra.FromInterval(50*ms, 10) // T 50 ms, window 500 ms
+	by := func(tat int64, tag uint64, l gcra.Limit) gcra.State {
+		return gcra.State{TAT: tat, Epoch: tag, T: l.IntervalMicros(), Burst: l.Burst(), Exists: true}
+	}
+	tests := []struct {
+		name          string
+		sch           gcra.Schedule
+		st            gcra.State
+		now           int64
+		wantRemaining int64
+	}{
+		// A sibling in the table's slot (epoch 2, fast) spent all 10
+		// tokens at ta + 500 ms; this agent runs the version reduced
+		// (epoch 3, slow, after epoch 1, slow). Read as older than epoch 1
+		// in slow's unit it held 5 tokens; the sibling's bucket is empty.
+		{"tag between previous and current, fast writer, empty", gcra.Change(
+			gcra.Version{Limit: slow, Epoch: 1, Effective: ta - 300*ms}, gcra.Version{Limit: fast, Epoch: 3, Effective: ta}),
+			by(ta+1500*ms, 2, fast), ta + 500*ms, 0},
+		// The same epoch at another reduced limit: a sibling's fast TAT 1 s
+		// ahead is its whole burst; in slow's unit it read as 1 token of 10.
+		{"same epoch, another limit", gcra.Steady(slow),
+			by(ta+1*s, 0, fast), ta, 0},
+		{"same epoch, another limit, partly spent", gcra.Steady(slow),
+			by(ta+500*ms, 0, fast), ta, 5},
+		// A newer epoch's state (never converted back) written under a
+		// faster limit: 250 ms of fastHalf's window is 5 of its 10 tokens.
+		{"newer epoch, faster writer", gcra.Change(
+			gcra.Version{Limit: fast, Epoch: 1, Effective: ta - 2*s}, gcra.Version{Limit: slow, Epoch: 2, Effective: ta - s}),
+			by(ta+250*ms, 7, fastHalf), ta, 5},
+		// The previous epoch written at another limit than this agent's
+		// previous one (both ran it reduced, at different floors).
+		{"previous epoch, another limit", gcra.Change(
+			gcra.Version{Limit: slow, Epoch: 1, Effective: 0}, gcra.Version{Limit: slow, Epoch: 2, Effective: ta}),
+			by(ta+2*s+800*ms, 1, fast), ta + 2*s, 2},
+		// Older than the version in force (before the change to epoch 5:
+		// no previous of its own): floored at
+		// empty at the change, or the writer's tokens if fewer.
+		{"older epoch, no previous: writer's debt kept", gcra.Change(
+			gcra.Version{Limit: slow, Epoch: 4, Effective: ta - 20*s}, gcra.Version{Limit: slow, Epoch: 5, Effective: ta + 10*s}),
+			by(ta+1*s, 2, fast), ta, 0},
+		// A state its writer's limit says is rested reads as full once the
+		// reader's own floor (empty at the previous change) has refilled.
+		{"older epoch, rested long ago", gcra.Change(
+			gcra.Version{Limit: slow, Epoch: 1, Effective: ta - 30*s}, gcra.Version{Limit: fast, Epoch: 3, Effective: ta - 20*s}),
+			by(ta-25*s, 2, fast), ta, 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.sch.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			_, _, r, err := gcra.Decide(tt.st, tt.now, &tt.sch, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Remaining != tt.wantRemaining {
+				t.Errorf("remaining %d, want %d (%+v)", r.Remaining, tt.wantRemaining, r)
+			}
+			// The same state with its writer's limit unknown — a 12-byte
+			// value, read exactly as 7833642 read every state — holds at
+			// least as much: these cases are that release's defect.
+			old := tt.st
+			old.T, old.Burst = 0, 0
+			_, _, ro, _ := gcra.Decide(old, tt.now, &tt.sch, 0)
+			if ro.Remaining < r.Remaining {
+				t.Errorf("read without the writer's limit: remaining %d, fewer than %d", ro.Remaining, r.Remaining)
+			}
+			t.Logf("remaining %d; read without the writer's limit (7833642) %d", r.Remaining, ro.Remaining)
+		})
 	}
 }

@@ -9,20 +9,30 @@ import (
 // bytes — Redis as the key's string value, gcra/memstore in its entry — so
 // the simulator decides on exactly what production stores:
 //
-//	bytes 0–6   the TAT, µs, big-endian (at most MaxTAT, below 2^53)
-//	bytes 7–11  the epoch tag (TagBits = 40 bits), big-endian
+//	bytes 0–6    the TAT, µs, big-endian (at most MaxTAT, below 2^53)
+//	bytes 7–11   the epoch tag (TagBits = 40 bits), big-endian
+//	bytes 12–18  the writer's emission interval T, µs, big-endian
+//	bytes 19–23  the writer's burst, big-endian
 //
 // The TAT is stored whole: it reads back exactly under any later schedule,
 // however long the key lives and whatever limits its schedule names by
-// then. Rested is not stored; a store's expiry carries it (Redis: PX).
-// Twelve bytes fit the smallest allocation Redis gives an embedded string
-// with a 48-byte key, so a key costs 16 bytes more than a bare integer
-// value with a TTL (redisstore's TestMemoryPerKey measures it).
+// then. The limit it was written under (State.T, State.Burst) says what
+// unit the TAT counts tokens in, so a reader under another limit converts
+// it exactly — whatever epoch the state carries, also one its own schedule
+// does not name (a sibling agent of the region that ran the key under
+// another epoch slot or a version this reader skipped). Rested is not
+// stored; a store's expiry carries it (Redis: PX).
 //
 // The first byte of a Value is below 0x20, so a Value is never mistaken for
 // the decimal integers of the packed format (PackV1) that stores wrote
-// before it.
-const ValueLen = 12
+// before it. The 12-byte value of the release before this one (ValueV2:
+// TAT and tag, no limit) is still read, as a state whose writer's limit is
+// unknown, and written on request during a rolling upgrade.
+const ValueLen = 24
+
+// ValueV2Len is the length of the previous release's value: bytes 0–11
+// above, without the writer's limit.
+const ValueV2Len = 12
 
 // Value is a key's state as stored.
 type Value [ValueLen]byte
@@ -31,39 +41,65 @@ type Value [ValueLen]byte
 var ErrBadValue = errors.New("gcra: stored value is malformed")
 
 // EncodeValue is st's stored form (st.Exists is assumed; Rested is not
-// stored). st.TAT must lie in [0, MaxTAT] and st.Epoch be a tag.
+// stored). st.TAT must lie in [0, MaxTAT], st.Epoch be a tag, and st.T and
+// st.Burst be a usable limit's or both zero (unknown).
 func EncodeValue(st State) Value {
 	var v Value
-	t, e := uint64(st.TAT), st.Epoch
-	for i := 6; i >= 0; i-- {
-		v[i] = byte(t)
-		t >>= 8
-	}
-	for i := 11; i >= 7; i-- {
-		v[i] = byte(e)
-		e >>= 8
-	}
+	putBE(v[0:7], uint64(st.TAT))
+	putBE(v[7:12], st.Epoch)
+	putBE(v[12:19], uint64(st.T))
+	putBE(v[19:24], uint64(st.Burst))
 	return v
 }
 
-// DecodeValue reads a stored Value back: the exact TAT and epoch tag, with
-// Exists set. It fails with ErrBadValue for anything of another length or
-// with a TAT above MaxTAT.
+// EncodeValueV2 is st in the previous release's 12-byte form: TAT and tag,
+// without the writer's limit.
+func EncodeValueV2(st State) [ValueV2Len]byte {
+	var v [ValueV2Len]byte
+	putBE(v[0:7], uint64(st.TAT))
+	putBE(v[7:12], st.Epoch)
+	return v
+}
+
+// DecodeValue reads a stored Value (or a previous release's 12-byte value)
+// back: the exact TAT, epoch tag and writer's limit (zero, unknown, for the
+// 12-byte form), with Exists set. It fails with ErrBadValue for anything of
+// another length, a TAT above MaxTAT, or a writer's limit no store could
+// have decided under.
 func DecodeValue(b []byte) (State, error) {
-	if len(b) != ValueLen {
-		return State{}, fmt.Errorf("%w: %d bytes, want %d", ErrBadValue, len(b), ValueLen)
+	if len(b) != ValueLen && len(b) != ValueV2Len {
+		return State{}, fmt.Errorf("%w: %d bytes, want %d (or %d)", ErrBadValue, len(b), ValueLen, ValueV2Len)
 	}
-	var t, e uint64
-	for _, c := range b[:7] {
-		t = t<<8 | uint64(c)
-	}
-	for _, c := range b[7:] {
-		e = e<<8 | uint64(c)
-	}
+	t := getBE(b[0:7])
 	if t > uint64(MaxTAT) {
 		return State{}, fmt.Errorf("%w: TAT %d µs above MaxTAT", ErrBadValue, t)
 	}
-	return State{TAT: int64(t), Epoch: e, Exists: true}, nil
+	st := State{TAT: int64(t), Epoch: getBE(b[7:12]), Exists: true}
+	if len(b) == ValueLen {
+		wt, wb := int64(getBE(b[12:19])), int64(getBE(b[19:24]))
+		if (wt != 0 || wb != 0) && !FromInterval(wt, wb).usable() {
+			return State{}, fmt.Errorf("%w: writer's limit T=%dµs burst %d is not a usable limit", ErrBadValue, wt, wb)
+		}
+		st.T, st.Burst = wt, wb
+	}
+	return st, nil
+}
+
+// putBE writes x big-endian into b, keeping its low len(b) bytes.
+func putBE(b []byte, x uint64) {
+	for i := len(b) - 1; i >= 0; i-- {
+		b[i] = byte(x)
+		x >>= 8
+	}
+}
+
+// getBE reads b as a big-endian unsigned integer.
+func getBE(b []byte) uint64 {
+	var x uint64
+	for _, c := range b {
+		x = x<<8 | uint64(c)
+	}
+	return x
 }
 
 // The packed format (V1) is what stores wrote before Value: one integer

@@ -645,13 +645,18 @@ func countWrites(ws []bool) int {
 
 // TestPropertyValueRoundTrip: every state a store can hold reads back from
 // its Value exactly, with no reference time: any TAT in [0, MaxTAT], any
-// tag.
+// tag, any usable writer's limit (or none); and its previous release's
+// 12-byte form reads back as the same state with the writer unknown.
 func TestPropertyValueRoundTrip(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		st := gcra.State{
 			TAT:    rapid.Int64Range(0, gcra.MaxTAT).Draw(t, "tat"),
 			Epoch:  gcra.EpochTag(rapid.Uint64().Draw(t, "epoch")),
 			Exists: true,
+		}
+		if rapid.Bool().Draw(t, "writer") {
+			b := rapid.Int64Range(1, gcra.MaxBurst).Draw(t, "burst")
+			st.T, st.Burst = rapid.Int64Range(1, gcra.MaxWindowMicros/b).Draw(t, "T"), b
 		}
 		v := gcra.EncodeValue(st)
 		if v[0] >= 0x20 {
@@ -660,6 +665,53 @@ func TestPropertyValueRoundTrip(t *testing.T) {
 		got, err := gcra.DecodeValue(v[:])
 		if err != nil || got != st {
 			t.Fatalf("DecodeValue(EncodeValue(%+v)) = %+v, %v", st, got, err)
+		}
+		v2 := gcra.EncodeValueV2(st)
+		want := st
+		want.T, want.Burst = 0, 0
+		if got, err := gcra.DecodeValue(v2[:]); err != nil || got != want {
+			t.Fatalf("DecodeValue(EncodeValueV2(%+v)) = %+v, %v", st, got, err)
+		}
+	})
+}
+
+// TestPropertyReaderHoldsNoMoreThanItsWriter: a state written under one
+// limit and read under another — a sibling agent of the region in another
+// epoch slot, at another reduced limit, or a version the reader skipped —
+// holds no more tokens for the reader than the writer's own bucket holds at
+// the read, whatever epoch it carries; a state its writer has rested by
+// then holds the writer's full burst at that TAT plus what the reader's
+// rate refilled since. (7833642 read the TAT in the reader's unit: a slow
+// reader took a fast writer's spent window for credit.)
+func TestPropertyReaderHoldsNoMoreThanItsWriter(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w, a := genLimit(t, "writer"), genLimit(t, "reader")
+		now := 10*span + rapid.Int64Range(0, span).Draw(t, "now")
+		tat := now - 3*w.Burst()*w.IntervalMicros() + rapid.Int64Range(0, 4*w.Burst()*w.IntervalMicros()).Draw(t, "tat")
+		st := gcra.State{TAT: tat, Epoch: gcra.EpochTag(rapid.Uint64Range(0, 20).Draw(t, "tag")),
+			T: w.IntervalMicros(), Burst: w.Burst(), Exists: true}
+		var sch gcra.Schedule
+		if rapid.Bool().Draw(t, "change") {
+			pe := rapid.Uint64Range(1, 10).Draw(t, "prevEpoch")
+			ae := pe + rapid.Uint64Range(1, 10).Draw(t, "step")
+			pEff := now - rapid.Int64Range(0, 4*span).Draw(t, "pAgo")
+			aEff := pEff + rapid.Int64Range(0, now-pEff).Draw(t, "aAfter")
+			sch = gcra.Change(gcra.Version{Limit: genLimit(t, "prev"), Epoch: pe, Effective: pEff},
+				gcra.Version{Limit: a, Epoch: ae, Effective: aEff})
+		} else {
+			sch = gcra.Steady(a)
+			sch.Current.Epoch = rapid.Uint64Range(0, 20).Draw(t, "epoch")
+		}
+		_, _, r, err := gcra.Decide(st, now, &sch, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := max(0, (w.Burst()*w.IntervalMicros()-max(tat-now, 0))/w.IntervalMicros())
+		if tat < now {
+			held = min(a.Burst(), w.Burst()+(now-tat)/a.IntervalMicros())
+		}
+		if r.Remaining > held {
+			t.Fatalf("reader %v holds %d tokens of a state whose writer %v holds %d (schedule %+v)", a, r.Remaining, w, held, sch)
 		}
 	})
 }

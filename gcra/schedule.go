@@ -103,7 +103,7 @@ func (s *Schedule) Valid() bool { return s.ok() }
 func (s *Schedule) resolve(st State, now int64) (*Version, int64) {
 	if !s.HasPrevious {
 		// Steady: one limit. The common case, kept short.
-		if st.Exists && st.Epoch == EpochTag(s.Current.Epoch) {
+		if st.Exists && st.Epoch == EpochTag(s.Current.Epoch) && st.under(&s.Current.Limit) {
 			return &s.Current, st.TAT
 		}
 		return &s.Current, tatUnder(st, now, &s.Current, nil, false)
@@ -147,7 +147,7 @@ func (s *Schedule) written(st State, v *Version, tat int64) State {
 	if c := &s.Current; v == &s.Previous && rested > c.Effective {
 		rested = max(rested, convert(rested, v.Limit, c.Limit, c.Effective))
 	}
-	return State{TAT: tat, Rested: rested, Epoch: tag, Exists: true}
+	return State{TAT: tat, Rested: rested, Epoch: tag, T: v.Limit.t, Burst: v.Limit.burst, Exists: true}
 }
 
 // newer reports whether tag a is 1 to 2^39 − 1 ahead of tag b (both
@@ -172,30 +172,67 @@ func newer(a, b uint64) bool {
 //     limit less than p's window before, the zero limit or a floor: a
 //     unit of burst moved to a region created a token the budget had
 //     already spent elsewhere); with no p, rested.
+//
+// "As stored" and "converted from p" take the TAT in the unit of the limit
+// the epoch names for this reader. When the state says it was written under
+// another limit (State.T, State.Burst) — a sibling agent of the region that
+// ran the key under another epoch slot, a version this reader skipped, or
+// the same epoch at another reduced limit — its TAT is converted from that
+// limit instead (fromWriter), and a state older than p keeps its own
+// tokens that way too, floored at "empty at p's change". Reading another
+// limit's TAT in the reader's unit turned a fast writer's admissions into
+// a slow reader's credit (the explorer's epoch-slot schedules: OA_budget
+// up to 1.1 % of a key).
 func tatUnder(st State, now int64, a, p *Version, hasP bool) int64 {
 	ta := a.Effective
 	tag := EpochTag(a.Epoch)
 	if st.Exists {
 		switch {
-		case st.Epoch == tag:
-			return st.TAT
+		case st.Epoch == tag || newer(st.Epoch, tag):
+			if st.under(&a.Limit) {
+				return st.TAT
+			}
+			return fromWriter(&st, &a.Limit, ta, now)
 		case hasP && st.Epoch == EpochTag(p.Epoch):
-			return convert(st.TAT, p.Limit, a.Limit, ta)
-		case newer(st.Epoch, tag):
-			return st.TAT
+			if st.under(&p.Limit) {
+				return convert(st.TAT, p.Limit, a.Limit, ta)
+			}
+			return fromWriter(&st, &a.Limit, ta, now)
 		}
 		// Older than the previous change: empty at that change — or at
 		// its own TAT if that is later, so that slots it booked keep
 		// their times (forgetting them would let new bookings overlap).
 		if !hasP {
-			return max(emptyAt(a.Limit, ta), st.TAT)
+			if st.under(&a.Limit) {
+				return max(emptyAt(a.Limit, ta), st.TAT)
+			}
+			return max(emptyAt(a.Limit, ta), fromWriter(&st, &a.Limit, ta, now))
 		}
-		return convert(max(emptyAt(p.Limit, p.Effective), st.TAT), p.Limit, a.Limit, ta)
+		if st.under(&p.Limit) {
+			return convert(max(emptyAt(p.Limit, p.Effective), st.TAT), p.Limit, a.Limit, ta)
+		}
+		// convert is monotone in the TAT, so this is the rule above with
+		// the state's own TAT taken from its writer's unit.
+		return max(convert(emptyAt(p.Limit, p.Effective), p.Limit, a.Limit, ta), fromWriter(&st, &a.Limit, ta, now))
 	}
 	if !hasP {
 		return now
 	}
 	return convert(max(filledFrom(p), ta), p.Limit, a.Limit, ta)
+}
+
+// fromWriter is st's TAT, written under its writer's limit, as a TAT under l,
+// which has been in force for the reader since ta: the tokens it holds at
+// c = max(ta, min(now, TAT)), clamped to l's burst, refilling under l from
+// then on (booked debt keeps at least its length in time, as convert
+// does). Any c in [ta, now] counts every admission the state records and
+// refills at l's rate only while l was in force, so the reader never holds
+// more than l allows; the latest such c — the read, or the state's TAT
+// when it rested before — keeps a state written long after ta from reading
+// its rested time as debt.
+func fromWriter(st *State, l *Limit, ta, now int64) int64 {
+	c := max(ta, min(now, st.TAT))
+	return convert(st.TAT, st.writer(l), *l, c)
 }
 
 // filledFrom is the TAT of a key with no state under v: empty at v's

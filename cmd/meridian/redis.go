@@ -146,8 +146,11 @@ func openRedis(ctx context.Context, rc *agent.RedisConfig, log *slog.Logger) (*a
 		client.Close()
 		return nil, err
 	}
-	if scfg.WriteFormat == redisstore.FormatPacked {
+	switch scfg.WriteFormat {
+	case redisstore.FormatPacked:
 		log.Warn("redis.write_format is packed: writing the older releases' format for a rolling upgrade; windows above 36 h decide as zero limits until it is value again")
+	case redisstore.FormatValue12:
+		log.Warn("redis.write_format is value12: writing the previous release's 12-byte value for a rolling upgrade; set it to value once no agent of that release is left")
 	}
 	pctx, cancel := context.WithTimeout(ctx, scriptLoadTimeout)
 	err = checkRedisKind(pctx, d, log)

@@ -47,8 +47,9 @@ var vecPeriods = []time.Duration{time.Second, time.Minute, time.Hour, 24 * time.
 // around now, and stored states anywhere a live state can be: TATs ahead of
 // now by up to the window, behind now by up to the key's time to live,
 // written under the previous limit of a change long past or under a limit
-// two versions back, in the exact Value or the packed format of older
-// releases.
+// two versions back, in the exact Value (with its writer's limit: the
+// limit its epoch names for the reader, or another) or the forms of older
+// releases (the 12-byte value, the packed integer).
 type vecGen struct {
 	r      *rand.Rand
 	window int64 // the longest window drawn: gcra.MaxWindowMicros, or V1MaxWindow for the packed format
@@ -116,6 +117,7 @@ type stored struct {
 	st     gcra.State
 	rested int64 // the key's expiry
 	packed bool  // written in gcra.PackV1's format
+	v12    bool  // written in gcra.EncodeValueV2's format (no writer's limit)
 	ok     bool  // the key exists
 }
 
@@ -149,6 +151,17 @@ func (g vecGen) state(now int64, s gcra.Schedule) stored {
 	}
 	tat = min(max(tat, 0), gcra.MaxTAT)
 	v := stored{st: gcra.State{TAT: tat, Epoch: tag, Exists: true}, ok: true, packed: g.r.IntN(3) == 0}
+	if !v.packed {
+		v.v12 = g.r.IntN(3) == 0
+	}
+	if !v.packed && !v.v12 {
+		// The writer's limit: the one the tag names for this reader, or
+		// another (a sibling's epoch slot, a skipped version).
+		w := []gcra.Limit{s.Current.Limit, s.Previous.Limit, g.limit()}[g.r.IntN(3)]
+		if w.Validate() == nil && !w.IsZero() {
+			v.st.T, v.st.Burst = w.IntervalMicros(), w.Burst()
+		}
+	}
 	// The expiry is never before the TAT, and lies within 2^37 µs of it
 	// (less a margin) for a packed state, which is read below it. It is at
 	// least 2 s away, so the key outlives the vector on the server's clock.
@@ -226,6 +239,15 @@ func setState(t *testing.T, c *redis.Client, key string, v stored, sch *gcra.Sch
 		}
 		return gcra.UnpackV1(gcra.PackV1(v.st), now+px.Microseconds()+gcra.V1ExpirySlack, sch)
 	}
+	if v.v12 {
+		val := gcra.EncodeValueV2(v.st)
+		if err := c.Set(ctx, key, val[:], px).Err(); err != nil {
+			t.Fatal(err)
+		}
+		st := v.st
+		st.T, st.Burst = 0, 0
+		return st
+	}
 	val := gcra.EncodeValue(v.st)
 	if err := c.Set(ctx, key, val[:], px).Err(); err != nil {
 		t.Fatal(err)
@@ -254,12 +276,28 @@ func rawState(t *testing.T, c *redis.Client, key string) ([]byte, time.Duration)
 
 // encoded is the bytes a store writing in format f stores for st.
 func encoded(st gcra.State, f Format) []byte {
-	if f == FormatPacked {
+	switch f {
+	case FormatPacked:
 		return []byte(strconv.FormatInt(gcra.PackV1(st), 10))
+	case FormatValue12:
+		v := gcra.EncodeValueV2(st)
+		return v[:]
 	}
 	v := gcra.EncodeValue(st)
 	return v[:]
 }
+
+// readBack is st as a store writing in format f reads it back: the forms
+// of older releases do not keep the writer's limit.
+func readBack(st gcra.State, f Format) gcra.State {
+	if f != FormatValue {
+		st.T, st.Burst = 0, 0
+	}
+	return st
+}
+
+// formats is every write format, the default first.
+var formats = []Format{FormatValue, FormatValue12, FormatPacked}
 
 func sameResult(a, b gcra.Result) bool { return a == b }
 
@@ -269,7 +307,7 @@ func sameResult(a, b gcra.Result) bool { return a == b }
 // reset-after, wait and limit, and the very bytes and expiry the core's
 // state encodes to.
 func TestConformance(t *testing.T) {
-	for _, f := range []Format{FormatValue, FormatPacked} {
+	for _, f := range formats {
 		t.Run(f.String(), func(t *testing.T) { conformance(t, f) })
 	}
 }
@@ -290,11 +328,11 @@ func conformance(t *testing.T, f Format) {
 	if f == FormatPacked {
 		g.window = gcra.V1MaxWindow
 	}
-	var allowed, denied, tooLarge, written, packedRead, behind int
+	var allowed, denied, tooLarge, written, packedRead, behind, foreign int
 	defer func() {
-		t.Logf("%d vectors: %d allowed, %d denied, %d too large, %d writes; %d states read from the packed format, %d with a TAT behind now",
-			n, allowed, denied, tooLarge, written, packedRead, behind)
-		if !t.Failed() && (allowed < n/10 || denied < n/10 || tooLarge < n/50 || written < n/10 || packedRead < n/20 || behind < n/20) {
+		t.Logf("%d vectors: %d allowed, %d denied, %d too large, %d writes; %d states read from the packed format, %d with a TAT behind now, %d written under another limit than their epoch names",
+			n, allowed, denied, tooLarge, written, packedRead, behind, foreign)
+		if !t.Failed() && (allowed < n/10 || denied < n/10 || tooLarge < n/50 || written < n/10 || packedRead < n/20 || behind < n/20 || foreign < n/20) {
 			t.Errorf("vector mix too thin to trust")
 		}
 	}()
@@ -327,6 +365,9 @@ func conformance(t *testing.T, f Format) {
 			}
 			if sets[j].ok && sets[j].st.TAT < now {
 				behind++
+			}
+			if w := states[j]; w.T != 0 && (w.T != sch.Current.Limit.IntervalMicros() || w.Burst != sch.Current.Limit.Burst()) {
+				foreign++
 			}
 		}
 		// What the pure core decides under: the packed format cuts limits
@@ -415,9 +456,12 @@ func conformance(t *testing.T, f Format) {
 				}
 			case sets[j].ok:
 				var want []byte
-				if sets[j].packed {
-					want = []byte(strconv.FormatInt(gcra.PackV1(sets[j].st), 10))
-				} else {
+				switch {
+				case sets[j].packed:
+					want = encoded(sets[j].st, FormatPacked)
+				case sets[j].v12:
+					want = encoded(sets[j].st, FormatValue12)
+				default:
 					want = encoded(sets[j].st, FormatValue)
 				}
 				if string(raw) != string(want) {
@@ -443,7 +487,7 @@ func conformance(t *testing.T, f Format) {
 // expiries follow the virtual clock (the test re-sets each key's PX to
 // its Rested before each step), as they would on the server's TIME.
 func TestConformanceTimeline(t *testing.T) {
-	for _, f := range []Format{FormatValue, FormatPacked} {
+	for _, f := range formats {
 		t.Run(f.String(), func(t *testing.T) { timeline(t, f) })
 	}
 }
@@ -524,7 +568,7 @@ func timeline(t *testing.T, f Format) {
 			t.Fatalf("step %d key %s at now=%d cost %d\nschedule %+v\nstate %+v\ngo:  %+v\nlua: %+v", step, kk.k.Name, now, cost, sch, kk.st, want, got)
 		}
 		if write {
-			kk.st = next
+			kk.st = readBack(next, f)
 		}
 		raw, _ := rawState(t, c, name)
 		if raw == nil && kk.st.Exists && kk.st.Rested-now < 1_000_000 {

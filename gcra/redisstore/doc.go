@@ -34,14 +34,17 @@
 // A key is Prefix + "{" + base64url(Tag) + "}" + Name (see Store.RedisKey):
 // the Cluster hash tag is an injective, brace-free encoding of the caller's
 // tag, so no tenant id can move a key to another slot or make two keys
-// collide. Its value is the key's gcra.Value — 12 bytes: the exact TAT and
-// the 40-bit epoch tag — which Redis keeps in the key's object (encoding
-// embstr), and it expires (PX) at gcra.State.Rested. The value reads back
-// exactly under any later schedule. A key costs 16 bytes more than a bare
-// `SET key <int> PX ttl` of the same key: 170 B against 154 B per 38-byte
-// key on Redis 7.0 (TestMemoryPerKey). A key that holds anything the script
-// did not write fails its own decision with ErrMalformedState and is left
-// alone.
+// collide. Its value is the key's gcra.Value — 24 bytes: the exact TAT,
+// the 40-bit epoch tag and the limit it was written under — which Redis
+// keeps in the key's object (encoding embstr), and it expires (PX) at
+// gcra.State.Rested. The value reads back exactly under any later
+// schedule, also under a limit other than its writer's (a sibling agent's
+// epoch slot, a skipped version): the script converts it from the
+// writer's limit. A key costs 32 bytes more than a bare `SET key <int> PX
+// ttl` of the same key: 186 B against 154 B per 38-byte key on Redis 7.0
+// (TestMemoryPerKey; the 12-byte value of the release before cost 16). A
+// key that holds anything the script did not write fails its own decision
+// with ErrMalformedState and is left alone.
 //
 // A composite decision is one script call. On a Cluster (a
 // *redis.ClusterClient) that call runs on one node, so all its keys must
@@ -84,6 +87,23 @@
 // there); then, once no older agent is left, WriteFormat goes back to
 // FormatValue. TestRollingUpgrade runs the older release's script beside
 // this one on one server and finds no over-admission in either step.
+//
+// # Upgrading from the 12-byte value
+//
+// The release before this one stored a 12-byte value (the exact TAT and
+// tag, gcra.EncodeValueV2) without the limit it was written under, and
+// read every state in the unit of the limit its own schedule gave the
+// state's epoch: a sibling agent's state written under another limit — in
+// another epoch slot, or a version the reader skipped — turned a fast
+// writer's admissions into a slow reader's credit. This release reads the
+// 12-byte value exactly as that release did, and its agents fail a
+// decision on the 24-byte Value as malformed state. So the upgrade runs in
+// two steps again: every agent moves to this release with WriteFormat =
+// FormatValue12 (redis.write_format: value12), then back to FormatValue
+// once no agent of that release is left. Until then the old reading, and
+// its over-admission under faults, stays. TestRollingUpgradeFromValue12
+// runs that release's script beside this one: each decides exactly as the
+// pure core on the bytes stored.
 //
 // # Batching
 //

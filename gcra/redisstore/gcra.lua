@@ -24,8 +24,10 @@
 --   one per check (kind 0), each with one KEY, in order.
 --   (a zero limit is T = 0, Burst = 0)
 -- ARGV[3]  the format to write: '' the exact Value (gcra.EncodeValue: 7
---   bytes of TAT and 5 of tag, big-endian), '1' the packed integer of older
---   releases (gcra.PackV1), for a rolling upgrade. Both are always read.
+--   bytes of TAT, 5 of tag, 7 of the writer's T and 5 of its burst,
+--   big-endian), '2' the previous release's 12-byte value (TAT and tag:
+--   gcra.EncodeValueV2), '1' the packed integer of older releases
+--   (gcra.PackV1); the last two for a rolling upgrade. All are always read.
 -- ARGV[4]  '1' when the last KEY is the region fence (gcra.Fence: 16 bytes,
 --   term and epoch big-endian); a fenced check whose fence is below it, or
 --   any fenced check while it is missing, is refused with code 5.
@@ -51,6 +53,8 @@ local V1TAT   = 137438953472     -- 2^37: its TAT modulus
 local V1TAG   = 65536            -- 2^16: its tag modulus
 local V1BEHIND = 4294967296      -- 2^32: gcra.V1ReadBehind
 local V1SLACK = 60000000         -- gcra.V1ExpirySlack, µs
+local MAXWIN  = 2251799813685248 -- gcra.MaxWindowMicros: 2^51
+local MAXBURST = 549755813887    -- gcra.MaxBurst: 2^39 - 1
 
 local floor = math.floor
 
@@ -69,6 +73,7 @@ end
 
 local now
 local V1 = ARGV[3] == '1'
+local V2 = ARGV[3] == '2'
 
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
@@ -150,16 +155,43 @@ local function filledfrom(T, B, eff)
   return emptyat(T, B, eff)
 end
 
+-- gcra.State.under: the state's TAT counts tokens in limit (T, B): its
+-- writer's limit (wT, wB) is that one, or unknown (0: an older release's).
+local function under(wT, wB, T, B)
+  return wT == 0 or (wT == T and wB == B)
+end
+
+-- gcra.fromWriter: a TAT written under (wT, wB) as one under (T, B), in
+-- force since ta: converted at max(ta, min(now, tat)).
+local function fromwriter(tat, wT, wB, T, B, ta)
+  local c = tat
+  if c > now then c = now end
+  if c < ta then c = ta end
+  return convert(tat, wT, wB, T, B, c)
+end
+
 -- gcra.tatUnder: the TAT the stored state stands for under version a.
-local function tatunder(exists, tat, tag, aT, aB, aTag, aEff, hasP, pT, pB, pTag, pEff)
+local function tatunder(exists, tat, tag, wT, wB, aT, aB, aTag, aEff, hasP, pT, pB, pTag, pEff)
   if exists then
-    if tag == aTag then return tat end
-    if hasP and tag == pTag then return convert(tat, pT, pB, aT, aB, aEff) end
-    if newer(tag, aTag) then return tat end
+    if tag == aTag or newer(tag, aTag) then
+      if under(wT, wB, aT, aB) then return tat end
+      return fromwriter(tat, wT, wB, aT, aB, aEff)
+    end
+    if hasP and tag == pTag then
+      if under(wT, wB, pT, pB) then return convert(tat, pT, pB, aT, aB, aEff) end
+      return fromwriter(tat, wT, wB, aT, aB, aEff)
+    end
     -- Older than the previous change: empty at that change, or its own
-    -- TAT if later (slots it booked keep their times).
-    if not hasP then return math.max(emptyat(aT, aB, aEff), tat) end
-    return convert(math.max(emptyat(pT, pB, pEff), tat), pT, pB, aT, aB, aEff)
+    -- TAT if later (slots it booked keep their times), the latter from
+    -- its writer's unit.
+    if not hasP then
+      if under(wT, wB, aT, aB) then return math.max(emptyat(aT, aB, aEff), tat) end
+      return math.max(emptyat(aT, aB, aEff), fromwriter(tat, wT, wB, aT, aB, aEff))
+    end
+    if under(wT, wB, pT, pB) then
+      return convert(math.max(emptyat(pT, pB, pEff), tat), pT, pB, aT, aB, aEff)
+    end
+    return math.max(convert(emptyat(pT, pB, pEff), pT, pB, aT, aB, aEff), fromwriter(tat, wT, wB, aT, aB, aEff))
   end
   if not hasP then return now end
   -- No state: as a state older than p (empty at p's change).
@@ -217,11 +249,13 @@ local function fenceok(t, e)
   return FT and (t > FT or (t == FT and e >= FE))
 end
 
--- readstate reads a key's state: ok, exists, tat, tag. A key of another
--- type (pcall: WRONGTYPE fails this op alone, not the batch) or a value the
--- script did not write is not ok.
+-- readstate reads a key's state: ok, exists, tat, tag, writer's T and
+-- burst (0, 0: unknown). A key of another type (pcall: WRONGTYPE fails this
+-- op alone, not the batch) or a value the script did not write is not ok.
 --
--- A Value (12 bytes, the first below 0x20) holds the exact TAT and tag.
+-- A Value (24 bytes, the first below 0x20) holds the exact TAT and tag and
+-- the limit it was written under; the previous release's (12 bytes) the
+-- TAT and tag.
 -- A packed integer of an older release (gcra.UnpackV1) holds the TAT
 -- modulo 2^37: it is read as the latest such instant not after the key's
 -- expiry (its Rested, never before its TAT) plus V1SLACK, and its 16-bit
@@ -230,18 +264,32 @@ end
 -- gcra.ReadRefV1).
 local function readstate(key, cTag, hasP, pTag, cEff)
   local raw = redis.pcall('GET', key)
-  if not raw then return true, false, 0, 0 end
-  if type(raw) == 'table' then return false, false, 0, 0 end
+  if not raw then return true, false, 0, 0, 0, 0 end
+  if type(raw) == 'table' then return false, false, 0, 0, 0, 0 end
+  if #raw == 24 and string.byte(raw, 1) < 32 then
+    local tat, tag, wT, wB = struct.unpack('>I7I5I7I5', raw)
+    if tat > MAXTAT then return false, false, 0, 0, 0, 0 end
+    if wT ~= 0 or wB ~= 0 then
+      -- gcra.FromInterval's usable: T >= 1, 1 <= B <= MaxBurst, B*T within
+      -- MaxWindow (checked as T <= floor(2^51 / B), exactly).
+      if wT < 1 or wT > MAXWIN or wB < 1 or wB > MAXBURST then return false, false, 0, 0, 0, 0 end
+      local q = floor(MAXWIN / wB)
+      while q * wB > MAXWIN do q = q - 1 end
+      while (q + 1) * wB <= MAXWIN do q = q + 1 end
+      if wT > q then return false, false, 0, 0, 0, 0 end
+    end
+    return true, true, tat, tag, wT, wB
+  end
   if #raw == 12 and string.byte(raw, 1) < 32 then
     local tat, tag = struct.unpack('>I7I5', raw)
-    if tat > MAXTAT then return false, false, 0, 0 end
-    return true, true, tat, tag
+    if tat > MAXTAT then return false, false, 0, 0, 0, 0 end
+    return true, true, tat, tag, 0, 0
   end
   if #raw > 16 or not string.find(raw, '^%d+$') then
-    return false, false, 0, 0
+    return false, false, 0, 0, 0, 0
   end
   local v = tonumber(raw)
-  if v >= 9007199254740992 then return false, false, 0, 0 end
+  if v >= 9007199254740992 then return false, false, 0, 0, 0, 0 end
   local t16 = v % V1TAG
   local low = (v - t16) / V1TAG
   local upper
@@ -254,7 +302,7 @@ local function readstate(key, cTag, hasP, pTag, cEff)
     upper = ref - V1BEHIND + V1TAT - 1
   end
   local tag = (cTag + ((t16 - cTag) % V1TAG + 32768) % V1TAG - 32768) % TAGMOD
-  return true, true, upper - (upper - low) % V1TAT, tag
+  return true, true, upper - (upper - low) % V1TAT, tag, 0, 0
 end
 
 -- loadcheck reads one check's arguments and state and resolves the version
@@ -275,21 +323,21 @@ local function loadcheck(i, n)
   local b = (i - 1) * 11
   if S[b + 10] and not fenceok(S[b + 10], S[b + 11]) then return false, 5 end
   local cT, cB, cTag, cEff = S[b + 1], S[b + 2], S[b + 3], S[b + 4]
-  local ok, exists, tat, stag = readstate(key, cTag, S[b + 5], S[b + 8], cEff)
+  local ok, exists, tat, stag, wT, wB = readstate(key, cTag, S[b + 5], S[b + 8], cEff)
   if not ok then return false end
   if not S[b + 5] then
-    if not (exists and stag == cTag) then
-      tat = tatunder(exists, tat, stag, cT, cB, cTag, cEff, false, 0, 0, 0, 0)
+    if not (exists and stag == cTag and under(wT, wB, cT, cB)) then
+      tat = tatunder(exists, tat, stag, wT, wB, cT, cB, cTag, cEff, false, 0, 0, 0, 0)
     end
     return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff, cEff
   end
   local pT, pB, pTag, pEff = S[b + 6], S[b + 7], S[b + 8], S[b + 9]
   if now >= cEff then
-    tat = tatunder(exists, tat, stag, cT, cB, cTag, cEff, true, pT, pB, pTag, pEff)
+    tat = tatunder(exists, tat, stag, wT, wB, cT, cB, cTag, cEff, true, pT, pB, pTag, pEff)
     return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff, cEff
   end
   if exists then
-    tat = tatunder(exists, tat, stag, pT, pB, pTag, pEff, false, 0, 0, 0, 0)
+    tat = tatunder(exists, tat, stag, wT, wB, pT, pB, pTag, pEff, false, 0, 0, 0, 0)
   else
     -- No state under a version that replaced another: empty at its change.
     tat = filledfrom(pT, pB, pEff)
@@ -318,7 +366,8 @@ local function step(T, B, tat, n, maxWait)
   return 1, remaining(T, B, nxt), 0, nxt - now, early > 0 and early or 0, nxt
 end
 
--- write stores a TAT written under version ver (see gcra.Schedule.written).
+-- write stores a TAT written under version ver, with its limit (T, B) (see
+-- gcra.Schedule.written).
 local function write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff, vEff)
   -- gcra.Schedule.written: a state outlives one window of its version, and
   -- one still refilling when a pending change takes over its converted TAT.
@@ -336,8 +385,10 @@ local function write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff, vEff)
   local val
   if V1 then
     val = (nxt % V1TAT) * V1TAG + tag % V1TAG
-  else
+  elseif V2 then
     val = struct.pack('>I7I5', nxt, tag)
+  else
+    val = struct.pack('>I7I5I7I5', nxt, tag, T, B)
   end
   redis.call('SET', key, val, 'PX', math.ceil((rested - now) / 1000))
 end

@@ -94,8 +94,12 @@ func memoryStat(t *testing.T, c *redis.Client, field string) int64 {
 
 // TestMemoryPerKey measures what one key decided to its limit costs in a
 // private Redis, against a bare SET of the same key name to an integer (the
-// key's TAT in µs) with the same TTL: the store's 12-byte Value must add at
-// most 24 bytes per key. Memory is
+// key's TAT in µs) with the same TTL: the store's 24-byte Value must add at
+// most 32 bytes per key — one 48-byte allocation where the bare integer
+// lives in the key's object (issue 14 set 24 for the 12-byte value of
+// 7833642, 16 B; storing the writer's limit, which invariant 3 needs to
+// read a state exactly under another limit, takes the value past the
+// allocator's 32-byte class). Memory is
 // used_memory less the clients' buffers (clients.normal), which depend on
 // how many connections the pool opened, not on the keys; both phases start
 // right after a FLUSHALL with the connections already open.
@@ -217,13 +221,13 @@ func TestMemoryPerKey(t *testing.T) {
 	t.Logf("bare SET PX: %.1f B/key (raw used_memory %+.1f B/key); MEMORY USAGE of one key %d B, encoding %s",
 		barePer, float64(bareAfter.used-bareBefore.used)/n, bareUsage, bareEnc)
 	t.Logf("difference %+.1f B/key; key %q is %d bytes; bare value %d", diff, names[0], len(names[0]), values[0])
-	if diff > 24 {
-		t.Errorf("the store costs %.1f B/key more than a bare integer with a TTL, want ≤ 24", diff)
+	if diff > 32 {
+		t.Errorf("the store costs %.1f B/key more than a bare integer with a TTL, want ≤ 32", diff)
 	}
 	if storeEnc != "embstr" {
 		t.Errorf("stored value encoding %q, want embstr (the Value in the key's object)", storeEnc)
 	}
-	if storeUsage > bareUsage+24 {
-		t.Errorf("MEMORY USAGE of a store key %d B > %d B of the bare key + 24", storeUsage, bareUsage)
+	if storeUsage > bareUsage+32 {
+		t.Errorf("MEMORY USAGE of a store key %d B > %d B of the bare key + 32", storeUsage, bareUsage)
 	}
 }

@@ -117,9 +117,12 @@ type Config struct {
 	// lane by hash slot, so one key's calls keep their order. Cluster
 	// clients use one lane per slot.
 	Lanes int
-	// WriteFormat is the form state is written in; both forms are always
+	// WriteFormat is the form state is written in; every form is always
 	// read. FormatValue (the default) stores the exact gcra.Value.
-	// FormatPacked stores the packed integer of releases before it, so that
+	// FormatValue12 stores the previous release's 12-byte value (no
+	// writer's limit), so that its agents, which refuse a longer value, can
+	// share the Redis during a rolling upgrade from it. FormatPacked stores
+	// the packed integer of releases before those, so that
 	// their agents, which cannot read a Value, can share the Redis during a
 	// rolling upgrade; while it is set, a limit whose window exceeds
 	// gcra.V1MaxWindow (36 h, the older releases' bound) decides as the zero
@@ -137,34 +140,44 @@ type Config struct {
 type Format uint8
 
 const (
-	// FormatValue is gcra.EncodeValue's 12 bytes: the exact TAT and epoch
-	// tag, read back exactly under any later schedule.
+	// FormatValue is gcra.EncodeValue's 24 bytes: the exact TAT and epoch
+	// tag, read back exactly under any later schedule, and the limit it
+	// was written under, so that a reader under another limit converts it.
 	FormatValue Format = iota
 	// FormatPacked is gcra.PackV1's integer, the form releases before
-	// FormatValue write and read.
+	// the 12-byte value write and read.
 	FormatPacked
+	// FormatValue12 is gcra.EncodeValueV2's 12 bytes, the form the release
+	// before FormatValue writes (TAT and tag); its agents fail a decision on
+	// a longer value. Read back, it is a state whose writer's limit is
+	// unknown, converted as that release converted it.
+	FormatValue12
 )
 
-// String returns "value" or "packed".
+// String returns "value", "value12" or "packed".
 func (f Format) String() string {
 	switch f {
 	case FormatValue:
 		return "value"
+	case FormatValue12:
+		return "value12"
 	case FormatPacked:
 		return "packed"
 	}
 	return fmt.Sprintf("Format(%d)", uint8(f))
 }
 
-// ParseFormat parses "value" or "packed".
+// ParseFormat parses "value", "value12" or "packed".
 func ParseFormat(s string) (Format, error) {
 	switch s {
 	case "value":
 		return FormatValue, nil
+	case "value12":
+		return FormatValue12, nil
 	case "packed":
 		return FormatPacked, nil
 	}
-	return 0, fmt.Errorf("redisstore: write format %q: want value or packed", s)
+	return 0, fmt.Errorf("redisstore: write format %q: want value, value12 or packed", s)
 }
 
 // DefaultConfig returns the defaults.
@@ -202,8 +215,8 @@ func (c Config) Validate() error {
 	if c.FenceWait < 0 {
 		errs = append(errs, fmt.Errorf("redisstore: FenceWait %s: must not be negative", c.FenceWait))
 	}
-	if c.WriteFormat > FormatPacked {
-		errs = append(errs, fmt.Errorf("redisstore: WriteFormat %v: want FormatValue or FormatPacked", c.WriteFormat))
+	if c.WriteFormat > FormatValue12 {
+		errs = append(errs, fmt.Errorf("redisstore: WriteFormat %v: want FormatValue, FormatValue12 or FormatPacked", c.WriteFormat))
 	}
 	return errors.Join(errs...)
 }
@@ -217,7 +230,7 @@ type Store struct {
 	cluster bool
 	sem     chan struct{}
 	lanes   laneSet
-	format  string // ARGV[3]: "" writes a Value, "1" the packed integer
+	format  string // ARGV[3]: "" writes a Value, "2" a 12-byte value, "1" the packed integer
 	testNow string // test only: "now" passed to the script instead of TIME
 	script  *redis.Script
 	markers stateMarkers          // CheckState's
@@ -246,8 +259,11 @@ func New(c redis.UniversalClient, cfg Config) (*Store, error) {
 	_, cluster := c.(*redis.ClusterClient)
 	s := &Store{c: c, uc: c, cfg: cfg, cluster: cluster, sem: make(chan struct{}, cfg.MaxInFlight), script: script,
 		fenceKey: cfg.Prefix + "meridian-fence"}
-	if cfg.WriteFormat == FormatPacked {
+	switch cfg.WriteFormat {
+	case FormatPacked:
 		s.format = "1"
+	case FormatValue12:
+		s.format = "2"
 	}
 	s.lanes.init(cluster, cfg.Lanes)
 	return s, nil

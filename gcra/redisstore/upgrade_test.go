@@ -185,7 +185,10 @@ func TestRollingUpgrade(t *testing.T) {
 		case want.Allowed && !got.Allowed:
 			newUnder++ // a later TAT an older agent wrote
 		case got.Allowed && write:
-			kk.meter = next
+			// The meter holds what the store can: the packed integer of
+			// phase 1 keeps no writer's limit, so a later reading of it
+			// cannot convert from that limit either.
+			kk.meter = readBack(next, s.cfg.WriteFormat)
 			if legacy {
 				oldAdmits++
 			} else {
@@ -222,5 +225,132 @@ func TestRollingUpgrade(t *testing.T) {
 	}
 	if _, err := old.Decide(ctx, k, steady, 1); !errors.Is(err, ErrMalformedState) {
 		t.Errorf("an older agent deciding a key this release wrote as a Value: %v, want ErrMalformedState (the upgrade note says so)", err)
+	}
+}
+
+// previousSource is gcra.lua as the release before the writer's limit was
+// stored (commit 7833642), byte for byte: it reads and writes the 12-byte
+// value (TAT and epoch tag) and refuses a longer one.
+//
+//go:embed testdata/gcra-v2.lua
+var previousSource string
+
+// TestRollingUpgradeFromValue12 runs agents of the previous release (its
+// script) and of this one on one Redis over a virtual timeline in which
+// the keys' limits change. Phase 1 is the upgrade: this release writes
+// FormatValue12, and every decision by either release must be exactly the
+// pure core's on the bytes stored — a 12-byte value has no writer's limit,
+// and this release reads such a state as the previous one did. In phase 2
+// the previous agents are gone and this release writes the 24-byte Value,
+// reading the 12-byte keys they left. Finally a previous agent meets a
+// 24-byte Value as malformed state (its failure mode decides), which is
+// why FormatValue12 exists; the test checks it, so the upgrade note stays
+// true.
+func TestRollingUpgradeFromValue12(t *testing.T) {
+	s, c := newFormatStore(t, FormatValue12)
+	prev, err := New(s.c.(redis.UniversalClient), s.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev.script, prev.format = redis.NewScript(previousSource), ""
+	ctx := context.Background()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 17))
+	g := vecGen{r: r, window: gcra.MaxWindowMicros}
+	type key struct {
+		k       gcra.Key
+		sch     gcra.Schedule
+		version uint64
+		expiry  int64
+	}
+	now := wallMicros()
+	keys := make([]*key, 6)
+	for i := range keys {
+		keys[i] = &key{k: gcra.Key{Tag: "up2", Name: strconv.Itoa(i)},
+			sch: gcra.Schedule{Current: gcra.Version{Limit: g.share(), Epoch: 4, Effective: now - 1}}}
+	}
+	steps := 3000
+	if testing.Short() {
+		steps = 400
+	}
+	phase2 := steps / 2
+	var byPrev, byThis, v12Reads, v24Reads int
+	for step := range steps {
+		if step == phase2 {
+			s.cfg.WriteFormat, s.format = FormatValue, ""
+		}
+		switch r.IntN(10) {
+		case 0:
+			now += r.Int64N(3600 * 1_000_000)
+		case 1, 2:
+			now += r.Int64N(60_000_000)
+		default:
+			now += r.Int64N(2_000_000)
+		}
+		kk := keys[r.IntN(len(keys))]
+		if r.IntN(4) == 0 {
+			kk.version++
+			kk.sch = nextVersion(kk.sch, g.share(), kk.version, now, now+r.Int64N(5_000_000))
+		}
+		name := s.RedisKey(kk.k)
+		if kk.expiry != 0 && !expireAt(t, c, name, kk.expiry, now) {
+			kk.expiry = 0
+		}
+		raw, pttl := rawState(t, c, name)
+		var stored gcra.State
+		if raw != nil {
+			if stored, err = gcra.DecodeValue(raw); err != nil {
+				t.Fatalf("step %d: stored %q: %v", step, raw, err)
+			}
+			stored.Rested = now + pttl.Microseconds()
+			if len(raw) == gcra.ValueV2Len {
+				v12Reads++
+			} else {
+				v24Reads++
+			}
+		}
+		agent, legacy := s, step < phase2 && r.IntN(2) == 0
+		if legacy {
+			agent = prev
+			byPrev++
+		} else {
+			byThis++
+		}
+		cost := r.Int64N(max(kk.sch.Current.Limit.Burst(), 1)/3 + 2)
+		agent.testNow = strconv.FormatInt(now, 10)
+		got, err := agent.Decide(ctx, kk.k, kk.sch, cost)
+		if err != nil {
+			t.Fatalf("step %d (previous release %v): %v", step, legacy, err)
+		}
+		if _, _, want, _ := gcra.Decide(stored, now, &kk.sch, cost); got != want {
+			t.Fatalf("step %d key %s at now %d (previous release %v): decided %+v; the pure core on the stored %x (%+v) decides %+v\nschedule %+v",
+				step, kk.k.Name, now, legacy, got, raw, stored, want, kk.sch)
+		}
+		after, apttl := rawState(t, c, name)
+		if string(after) != string(raw) {
+			kk.expiry = now + apttl.Microseconds()
+			if want := gcra.ValueLen; !legacy && step >= phase2 && len(after) != want {
+				t.Fatalf("step %d: this release wrote %d bytes after the upgrade, want %d", step, len(after), want)
+			}
+			if step < phase2 && len(after) != gcra.ValueV2Len {
+				t.Fatalf("step %d (previous release %v): wrote %d bytes during the upgrade, want %d", step, legacy, len(after), gcra.ValueV2Len)
+			}
+		}
+	}
+	t.Logf("%d decisions by the previous release, %d by this one; %d on 12-byte state, %d on 24-byte state", byPrev, byThis, v12Reads, v24Reads)
+	if byPrev < steps/8 || v12Reads < steps/4 || v24Reads < steps/10 {
+		t.Errorf("too thin to trust: %d previous-release decisions, %d 12-byte reads, %d 24-byte reads", byPrev, v12Reads, v24Reads)
+	}
+
+	k := gcra.Key{Tag: "up2", Name: "value"}
+	now += 1_000_000
+	s.testNow, prev.testNow = strconv.FormatInt(now, 10), strconv.FormatInt(now, 10)
+	steady := gcra.Steady(gcra.PerSecond(10, 5))
+	if _, err := s.Decide(ctx, k, steady, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prev.Decide(ctx, k, steady, 1); !errors.Is(err, ErrMalformedState) {
+		t.Errorf("a previous-release agent deciding a key this release wrote as a 24-byte Value: %v, want ErrMalformedState (the upgrade note says so)", err)
 	}
 }

@@ -268,7 +268,7 @@ func TestConfigErrors(t *testing.T) {
 		{"region not listed", "region: eu\nagent: a\nregions: [us]\npolicy: p.yaml\n", `does not list region "eu"`},
 		{"bad timeout", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {timeout: 0s}\n", "redis.timeout: 0s"},
 		{"bad lanes", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {lanes: 0}\n", "redis.lanes: 0"},
-		{"bad write format", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {write_format: exact}\n", `redis.write_format: "exact": want value or packed`},
+		{"bad write format", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {write_format: exact}\n", `redis.write_format: "exact": want value, value12 or packed`},
 		{"bad on_state_loss", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\nredis: {on_state_loss: panic}\n", `redis.on_state_loss: "panic": want count or conservative`},
 		{"drain_delay too long", "region: eu\nagent: a\nregions: [eu]\npolicy: p.yaml\ndrain_delay: 1h\n", `drain_delay: 1h0m0s: must be in [0s, 5m0s]`},
 		{"no policy", "region: eu\nagent: a\nregions: [eu]\n", "policy: empty"},

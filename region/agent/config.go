@@ -262,8 +262,8 @@ func (c *Config) validate(loaded bool) error {
 	if c.Redis.Lanes < 1 || c.Redis.Lanes > 256 {
 		bad("redis.lanes", "%d: must be in [1, 256]", c.Redis.Lanes)
 	}
-	if f := c.Redis.WriteFormat; f != "value" && f != "packed" {
-		bad("redis.write_format", "%q: want value or packed", f)
+	if f := c.Redis.WriteFormat; f != "value" && f != "value12" && f != "packed" {
+		bad("redis.write_format", "%q: want value, value12 or packed", f)
 	}
 	if m := c.Redis.OnStateLoss; m != "" && m != "count" && m != "conservative" {
 		bad("redis.on_state_loss", "%q: want count or conservative", m)

@@ -97,8 +97,10 @@ type RedisConfig struct {
 	// agent keeps in flight (keys map to a lane by hash slot).
 	Lanes int `yaml:"lanes"`
 	// WriteFormat is redisstore.Config.WriteFormat: "value" (the exact
-	// state) or "packed" (the integer of releases before it, for the first
-	// step of a rolling upgrade from one; see the README's upgrade notes).
+	// state with its writer's limit), "value12" (the previous release's
+	// 12-byte value) or "packed" (the integer of releases before that),
+	// the last two for the first step of a rolling upgrade from such a
+	// release; see the README's upgrade notes.
 	WriteFormat string `yaml:"write_format"`
 	// OnStateLoss is what the agent does when it finds that Redis lost
 	// Meridian's keys (a restart without persistence, a failover to a
