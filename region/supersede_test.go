@@ -23,8 +23,16 @@ import (
 // instant the increase took effect, and the next table arrived a link
 // latency later, before any request had been admitted under the increase.
 // The coordinator now waits until a change is in force on every store
-// (effective time plus MaxSkew) before superseding it; this test pins
-// down both sides of that race.
+// (effective time plus MaxSkew) before superseding it.
+//
+// Since the store keeps the limit each state was written under, state older
+// than the previous change is converted from its writer's unit — the floor
+// limit's — and no longer carried as debt in the new limit's: superseded
+// before or after its state is rewritten, the region admits at its new
+// rate either way. On 7833642 the stale case admitted 0–15 in the 2 s
+// (this test then asserted at most a tenth of the exact case); the
+// coordinator's wait before superseding is kept, though it no longer
+// guards this.
 func TestNodeSupersedingAChangeBeforeItsStateIsRewritten(t *testing.T) {
 	const pol = `
 domains:
@@ -108,15 +116,15 @@ domains:
 		t.Errorf("state rewritten under the increase: %d admitted in 2 s, want about 316 (158/s)", exact)
 	}
 	// Superseded a millisecond after it took effect, with no admission in
-	// between: the floor limit's TAT, ~9.9 s ahead, is carried as debt.
+	// between: the floor limit's TAT, ~9.9 s ahead, is converted from the
+	// floor limit it was written under, not carried as debt.
 	stale := run(t, change+1_000, false)
 	if stale > exact {
 		t.Fatalf("state older than the previous change: %d admitted, more than the exact conversion's %d", stale, exact)
 	}
-	if stale > exact/10 {
-		t.Errorf("state older than the previous change: %d admitted in 2 s (exact conversion: %d). "+
-			"If the store no longer carries such state's TAT as debt, the hazard is gone: update this test, "+
-			"and the coordinator's wait before superseding a change may be revisited", stale, exact)
+	if stale < exact*95/100 {
+		t.Errorf("state older than the previous change: %d admitted in 2 s, want within 5 %% of the exact conversion's %d "+
+			"(converted from the limit it was written under, not carried as debt)", stale, exact)
 	}
 	t.Logf("admitted in the 2 s after the superseding table: %d with the state rewritten, %d without", exact, stale)
 }

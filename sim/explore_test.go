@@ -25,62 +25,37 @@ func exploreN(n, race int) int {
 // must-hold 2): protocol defects seed 1's schedules find, each with a
 // schedule that finds it. Each entry goes when its defect is fixed;
 // TestExploreSeed1 then asserts one class fewer, and 0 violations once the
-// list is empty. Issue 17's defects are all gone from it; what is left is
-// one class the explorer found beside them.
+// list is empty. It is empty: issue 17's defects went first, and the
+// epoch-slot class last (TestEpochSlotClassFixed).
 var knownFailures = []struct {
 	defect   string
 	check    string
 	fault    string // the fault kind the shrunk schedule keeps
 	schedule int    // a schedule of seed 1 (or of seed, when set) that finds it
 	seed     uint64
-}{
-	// A safety defect the explorer found (not in issue 17's list): agents of one region on one store whose epoch slots for a
-	// key diverge — one whose lease lapsed (slot 4v+5) or restarted cold
-	// and came back (4v+6), beside siblings still in slot 4v+4 — read the
-	// siblings' state as "older than the previous change" and convert it
-	// through their own previous limit (the reduced or zero one), which
-	// turns the siblings' recent admissions and bookings into credit:
-	// OA_budget 0.14–1.1 % with failure_mode closed. gcra's conversion
-	// cannot simply keep the stored TAT (that breaks the exactness
-	// property and the mixed-fleet upgrade test), and reading a sibling
-	// slot "as stored" is not exact either when the two limits' windows
-	// differ. An exact conversion needs every agent of the region to know
-	// each slot's limit: the reduced slot's limit must be a function of
-	// the table (the table's share and a floor the table carries, issue
-	// 18), not of the agent's own history (min(last, safe)) as today.
-	// With reserving clients, a sibling's booked slots lie ahead of its
-	// state's TAT and the conversion through a slow previous limit (a
-	// lapsed agent's safe share) lands before them (the analysis is in
-	// issue 17's notes, stop 27); without them, a burst that mixes both
-	// slots on one state (region's doc) — a false suspicion is enough
-	// since tables name only members. Schedule 4 (an agent
-	// partitioned beyond its lease) found it until a new cluster's first
-	// term learned until its members acknowledged; these find it now
-	// (266 did until ewma gave back as fast as it gains; 832 since).
-	{"safety: a restarted agent's epoch slot diverges from its siblings' on the same store (an agent crashed)",
-		CheckOABudget, "agent-crash", 832, 0},
-	// Since tables name only members (44a6a06), a false suspicion leaves
-	// a live agent unnamed — its tables applied reduced, in slot 4v+5 —
-	// beside siblings in 4v+4: the same class. (Schedule 3 found it until
-	// maxmin and the Doorman pair kept their shares through a lull; each
-	// change of timing moves the class between schedules — 101 did until a
-	// first term waited for every region's report, and 407, an agent cut
-	// from NATS beyond its lease, until ewma's give-back changed; 730 and
-	// 1042 find it now too; 1321 did until the fence became 1 s, 101
-	// until ewma gave back as fast as it gains, 5 until agents reported
-	// deltas, and 2449 does since: the first of seed 1's first 3,000.)
-	{"safety: an agent left unnamed by a false suspicion runs another epoch slot than its siblings on the same store",
-		CheckOABudget, "suspicion", 2449, 0},
-	// An agent cut from NATS comes back to a table that runs its row
-	// reduced (slot 4v+1 of a version its siblings run in 4v) and reads
-	// their state, tagged with a version between its own two, as older
-	// than its previous one: converted through its reduced limit's long
-	// window, their bookings become credit and both agents book the same
-	// slots (schedule 4 since the fence became 1 s and the increase waits
-	// it on every store's clock: OA_budget 0.19 % of a key; 590 since
-	// agents report deltas, which moved every schedule's timing).
-	{"safety: an agent back from a NATS partition runs another epoch slot than its siblings on the same store",
-		CheckOABudget, "agent-partition", 590, 0},
+}{}
+
+// TestEpochSlotClassFixed replays the schedules of seed 1 that found the
+// epoch-slot class, the last entries of knownFailures: agents of one region
+// on one store whose epoch slots for a key diverged — one restarted cold
+// (832), left unnamed by a false suspicion (2449), back from a NATS
+// partition (590), and 1218 — read a sibling's state in the unit of the
+// limit their own schedule gave its epoch, so a fast sibling's spent
+// window became a slow reader's credit (OA_budget 0.14–1.1 % of a key with
+// failure_mode closed). Each fails with safety/oa-budget on 7833642; the
+// store now keeps the limit a state was written under and converts from it
+// (gcra's "Stored state").
+func TestEpochSlotClassFixed(t *testing.T) {
+	for _, i := range []int{590, 832, 1218, 2449} {
+		p := draw(ExploreBase(), 1, i, nil)
+		v, _, err := p.run(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != nil {
+			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
+		}
+	}
 }
 
 // known reports whether failure f is a known one: its check, and a fault

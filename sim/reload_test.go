@@ -144,9 +144,11 @@ func TestReloadShrinkKeepsSharesInForce(t *testing.T) {
 // region still on the table before the decrease ran (7173: 58 of 55); a
 // term begun from a table stored under the old budget kept its row
 // versions, so a region kept the old burst scaled down (7961: 9 of 8).
-// Schedule 7173 then runs into an over-admission under an agent partition
-// (safety/oa-budget, the epoch-slot class in knownFailures), a defect of
-// its own, still open; 10738 ran into the reservation class until
+// Schedule 7173 then ran into an over-admission under an agent partition
+// (safety/oa-budget, the epoch-slot class) when this test was written; it
+// had stopped before the class was fixed (later changes moved its timing),
+// and with the class fixed (TestEpochSlotClassFixed) no schedule here may
+// violate anything. 10738 ran into the reservation class until
 // TestReloadShrinkHonorsBookedSlots's fix.
 func TestReloadBurstsBackedByShares(t *testing.T) {
 	for _, i := range []int{1956, 7173, 7961, 10738, 12402, 12773, 15614, 19256} {
@@ -155,7 +157,7 @@ func TestReloadBurstsBackedByShares(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v != nil && (i != 7173 || v.Check != CheckOABudget) {
+		if v != nil {
 			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
 		}
 	}

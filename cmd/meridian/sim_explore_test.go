@@ -2,52 +2,28 @@ package main
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
 
-// TestSimExplore runs the explorer from the command line: seed 1's
-// schedule 832 finds a known failure (exit 1) whose printed scenario
-// replays the violation with --check. testdata/explore-1-19-shrunk.yaml
+// TestSimExplore runs the explorer from the command line. Seed 1's
+// schedule 832 found the epoch-slot over-admission (exit 1, safety/oa-budget,
+// on 7833642: an agent restarted cold read its siblings' state in another
+// limit's unit); it now passes (exit 0). testdata/explore-1-19-shrunk.yaml
 // is what `meridian sim --explore 20 --seed 1` printed before a decision
 // lapsed a passed lease (schedule 19: a region back from a loss ran its old
 // share until its next tick, Σ in force 1,042,627 ppm); --check replays it
-// clean now, and it failed with safety/share at 19.8s before the fix.
+// clean now, and it failed with safety/share at 19.8s before the fix. (The
+// printing of a failure and its replay are sim's
+// TestExploreFindsPlantedBug: no schedule of the shipped code fails.)
 func TestSimExplore(t *testing.T) {
 	var stdout, stderr strings.Builder
-	// Schedule 832 of seed 1 finds a known failure (sim's knownFailures):
-	// the over-admission when an agent's epoch slot diverges from its
-	// siblings'. Exit 1, and the printed scenario replays it. (Schedule 5
-	// did until agents reported deltas, which moved the class.)
-	// (Shrinking is cut to 2 runs a failure: under the race detector the
-	// default 200 took minutes.)
 	code := run(context.Background(), []string{"sim", "--first", "832", "--explore", "1", "--seed", "1", "--shrink", "2"}, &stdout, &stderr)
 	out := stdout.String()
-	if code != 1 || !strings.Contains(out, "explore: 1 schedules (832 to 832) from seed 1") || !strings.Contains(out, "  safety/oa-budget: ") {
-		t.Fatalf("exit %d, want 1 with safety/oa-budget violations\nstdout:\n%s\nstderr:\n%s", code, out, stderr.String())
-	}
-	i := strings.Index(out, "# meridian sim --explore: schedule")
-	if i < 0 {
-		t.Fatalf("no failure's scenario in the output:\n%s", out)
-	}
-	j := strings.Index(out[i:], "\nschedule ")
-	if j < 0 {
-		j = len(out) - i // the only failure printed in full
-	}
-	shrunk := filepath.Join(t.TempDir(), "shrunk.yaml")
-	if err := os.WriteFile(shrunk, []byte(out[i:i+j]), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	stdout.Reset()
-	stderr.Reset()
-	yaml := out[i : i+j]
-	check := yaml[strings.Index(yaml, "# It violates ")+len("# It violates "):]
-	check = check[:strings.Index(check, " at ")]
-	if code := run(context.Background(), []string{"sim", "--scenario", shrunk, "--check"}, &stdout, &stderr); code != 1 || !strings.Contains(stdout.String(), check+" violated") {
-		t.Errorf("--check of the first failure's scenario: exit %d, want 1 and %q\nstdout:\n%s\nstderr:\n%s", code, check, stdout.String(), stderr.String())
+	if code != 0 || !strings.Contains(out, "explore: 1 schedules (832 to 832) from seed 1") || !strings.Contains(out, ": 0 violations") {
+		t.Fatalf("exit %d, want 0 with no violation\nstdout:\n%s\nstderr:\n%s", code, out, stderr.String())
 	}
 	stdout.Reset()
 	stderr.Reset()
