@@ -254,6 +254,14 @@ func emptyAt(l Limit, t int64) int64 {
 	return t + l.burst*l.t
 }
 
+// Convert is the TAT under limit to that keeps the tokens a key with TAT
+// tat under limit from holds at instant at, clamped to to's burst, as a
+// store converts state at a limit change (credit rounded down, booked debt
+// kept at least its length in time; see the package documentation). A
+// yardstick that changes a key's budget (the simulator's meter at a policy
+// reload) uses it to keep the same rule as the stores.
+func Convert(tat int64, from, to Limit, at int64) int64 { return convert(tat, from, to, at) }
+
 // mulCap is where the conversion's quotients saturate: MaxTAT, above every
 // window (a credit that large is a full burst) and every debt that does not
 // saturate the converted TAT itself.

@@ -578,15 +578,31 @@ func (r *Run) reserveHorizon() int64 {
 // agent has read the file and the slots booked before then have been
 // served (reserveHorizon) — until then regions may still run the larger
 // budget, by the operator's rollout rather than by the protocol.
+//
+// Each keeps its tokens at the change, clamped to the new burst, as a
+// store keeps a key's at a limit change (gcra.Convert): read in the new
+// budget's unit instead, a TAT written under a budget cut to a quarter
+// held a quarter of its tokens, so the meter ran stricter than the rule
+// the stores follow, and once the stores converted their state exactly
+// (5922d7d) it counted their kept tokens as over-admission (seed 1's
+// schedule 3277: a cut to 0.25, OA_budget 0.86 % of a key).
 func (r *Run) reloadBudgets(edge, j int) {
 	rl := r.reloads[j]
 	rules := r.policies[j+1].Rules()
 	for i := range rl.Keys {
+		nb := rules[i].Limit
 		if edge == faultPolicyFile {
-			r.keys[i].budget = rules[i].Limit
+			k := &r.keys[i]
+			k.oracle = gcra.Convert(k.oracle, k.budget, nb, r.now)
+			for ri := range k.rcTAT {
+				k.rcTAT[ri] = gcra.Convert(k.rcTAT[ri], k.budget, nb, r.now)
+			}
+			k.budget = nb
 		}
 		if (edge == faultPolicyFile) == (rl.Scale > 1) {
-			r.m.budgets[i] = rules[i].Limit
+			km := &r.m.k[i]
+			km.meterTAT = gcra.Convert(km.meterTAT, r.m.budgets[i], nb, r.now)
+			r.m.budgets[i] = nb
 		}
 	}
 }

@@ -185,3 +185,21 @@ func TestReloadShrinkHonorsBookedSlots(t *testing.T) {
 		}
 	}, 268, 10738)
 }
+
+// TestReloadYardstickKeepsTokens: at a policy reload the yardsticks (the
+// ideal limiter, the replicated counter, OA_budget's meter) keep each key's
+// tokens at the budget change, clamped to the new burst, as the stores keep
+// a key's at a limit change. Seed 1's schedule 3277 (a cut to a quarter of
+// six keys' budgets) fails with safety/oa-budget on ea7057c: the meter read
+// its TAT in the new budget's unit — a quarter of the tokens — while the
+// stores, converting from the limit each state was written under, kept
+// them.
+func TestReloadYardstickKeepsTokens(t *testing.T) {
+	v, _, err := draw(ExploreBase(), 1, 3277, nil).run(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != nil {
+		t.Errorf("schedule 3277 of seed 1: %v", v.Error())
+	}
+}
