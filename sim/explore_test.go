@@ -467,3 +467,21 @@ func TestExploreClockStepsWithinSkew(t *testing.T) {
 		t.Errorf("schedule 1820 of seed 2: %v", v.Error())
 	}
 }
+
+// TestClockStepForwardCredited: a forward step of a region's clock hands
+// its store the stepped time at once — a refill no store can refuse, the
+// step reads as time passed — and OA_budget's meter credits exactly that
+// (Run.creditClockStep), so the check counts only what the protocol admits
+// beyond it. Seed 1's schedule 4885 (us stepped 318 ms forward) fails with
+// safety/oa-budget on 772127e: us admitted a burst-1 key's request 82 ms
+// early on its stepped clock, and the meter, on true time, called it
+// over-admission.
+func TestClockStepForwardCredited(t *testing.T) {
+	v, _, err := draw(ExploreBase(), 1, 4885, nil).run(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != nil {
+		t.Errorf("schedule 4885 of seed 1: %v", v.Error())
+	}
+}
