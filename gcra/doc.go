@@ -48,8 +48,9 @@
 // next then held a token the budget had spent in another region (issue 18;
 // the simulator's explorer found OA_budget 0.7 % of a key with no fault at
 // all). Releases before this one still read it so. State written under a newer epoch than the
-// caller knows is used as stored and keeps its tag: it is never converted
-// back. Conversions round credit down and debt up, so the available tokens
+// caller knows keeps its tag and is never converted back to an older
+// epoch: it is used as stored, only taken into the caller's unit when its
+// writer's limit differs (see Stored state). Conversions round credit down and debt up, so the available tokens
 // of a key never rise at a transition. A conversion that would carry a
 // key's debt beyond MaxTAT (booked reservations converted to a limit
 // slower by many orders of magnitude) saturates there, where the key is

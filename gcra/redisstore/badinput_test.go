@@ -168,6 +168,32 @@ func TestMalformedState(t *testing.T) {
 	// The script writes only decimal digits; Lua's tonumber also takes hex,
 	// spaces and exponents, which would be read as some TAT up to 37 h ahead.
 	values := []string{"garbage", "", "-1", "1.5", "9007199254740992", "nan", "inf", "0x10", " 12", "1e5"}
+	// 24-byte values whose writer's limit no store decides under (T or
+	// burst zero alone, a burst above MaxBurst, a window above
+	// MaxWindow by one), and lengths between the two Value forms.
+	valueWith := func(wt, wb uint64) string {
+		b := make([]byte, gcra.ValueLen)
+		put := func(to []byte, x uint64) {
+			for i := len(to) - 1; i >= 0; i-- {
+				to[i] = byte(x)
+				x >>= 8
+			}
+		}
+		put(b[0:7], 1_000_000)
+		put(b[7:12], 0)
+		put(b[12:19], wt)
+		put(b[19:24], wb)
+		return string(b)
+	}
+	bad24 := []string{valueWith(0, 5), valueWith(5, 0), valueWith(1, uint64(gcra.MaxBurst)+1),
+		valueWith(uint64(gcra.MaxWindowMicros)/4+1, 4), valueWith(uint64(gcra.MaxWindowMicros)+1, 1),
+		valueWith(1<<56-1, 1<<40-1), string(make([]byte, 18)), string(make([]byte, 25))}
+	for _, v := range bad24 {
+		if _, err := gcra.DecodeValue([]byte(v)); !errors.Is(err, gcra.ErrBadValue) {
+			t.Errorf("DecodeValue(%x) = %v, want ErrBadValue as the script refuses it", v, err)
+		}
+	}
+	values = append(values, bad24...)
 	calls := []struct {
 		name string
 		call func() error
