@@ -337,10 +337,13 @@ func (s *ewmaStrategy) Allocate(in *Input, out []uint32) {
 		// The key's demand against what its regions remember: when the
 		// other regions' demand alone is at least what all of them
 		// remember, a region whose demand fell lost it to them (a move),
-		// not to a lull, and gives its smoothed demand back at least as
-		// fast as they gain it (the larger alpha). Its own demand is left
-		// out of that test, so raising it never speeds its own give-back:
-		// raising one region's demand never lowers its share.
+		// not to a lull, and gives its smoothed demand back at once (its
+		// own demand, alpha 1); and a region whose demand alone is at
+		// least that much took the key's traffic (the other side of a
+		// move, or a key new to it) and takes its demand at once too. Its
+		// own demand is left out of the first test, and only raises it
+		// into the second, so raising one region's demand never lowers
+		// its share.
 		mem := 0.0
 		if in.State != nil {
 			for _, i := range s.order {
@@ -364,10 +367,12 @@ func (s *ewmaStrategy) Allocate(in *Input, out []uint32) {
 			}
 			a := s.down
 			switch {
+			case dem > st && dem >= mem:
+				a = 1
 			case dem > st:
 				a = s.up
 			case moved(i):
-				a = max(s.up, s.down)
+				a = 1
 			}
 			st += a * (dem - st)
 			if in.State != nil {

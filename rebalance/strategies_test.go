@@ -188,11 +188,21 @@ func TestAllocate(t *testing.T) {
 			giveDemand: []float64{150, 0, 0}, giveState: []float64{100, 100, 0},
 			want: []uint32{581395, 418605, 0}, wantState: []float64{125, 90, 0}},
 		// Issue 18: the key's demand did not fall (300 ≥ 100 + 100), it
-		// moved to a, so b gives back at alpha_up (fails on 12c75e9:
-		// state 90 for b, shares 689655, 310345).
-		{name: "ewma gives back fast when demand moved", strategy: "ewma", params: ewma,
+		// moved to a: b gives it back at once and a takes it at once, its
+		// demand alone being at least what both remember (fails on
+		// 12c75e9: state 90 for b, shares 689655, 310345; on 461dd0a, which
+		// gave back and took at alpha_up: state 200, 50, shares 800000,
+		// 200000).
+		{name: "ewma follows a move at once", strategy: "ewma", params: ewma,
 			giveDemand: []float64{300, 0, 0}, giveState: []float64{100, 100, 0},
-			want: []uint32{800000, 200000, 0}, wantState: []float64{200, 50, 0}},
+			want: []uint32{1000000, 0, 0}, wantState: []float64{300, 0, 0}},
+		// Only part of b's demand moved to a (a's 180 is below the 200
+		// both remember): a lull at b as far as a's own test goes, so a
+		// gains at alpha_up while b, the others' demand (180) being below
+		// what all remember, gives back at alpha_down.
+		{name: "ewma part of a move is a lull", strategy: "ewma", params: ewma,
+			giveDemand: []float64{180, 0, 0}, giveState: []float64{100, 100, 0},
+			want: []uint32{608696, 391304, 0}, wantState: []float64{140, 90, 0}},
 		{name: "ewma without demand or state keeps last", strategy: "ewma", params: ewma,
 			giveDemand: []float64{0, 0, 0}, giveState: []float64{0, 0, 0}, giveLast: []uint32{500000, 0, 400000},
 			want: []uint32{500000, 0, 400000}, wantState: []float64{0, 0, 0}},
