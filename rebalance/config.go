@@ -32,8 +32,16 @@ type Config struct {
 	// ahead and the one that decreases MaxSkew behind.
 	Fence time.Duration
 	// Hysteresis θ in ppm: a key's new shares are published only when some
-	// region's share moves by at least this much.
+	// region's share moves by at least this much — or by HysteresisNeed,
+	// for a region that gains share while its demand already fills most
+	// of its share (NeedFill).
 	Hysteresis uint32
+	// HysteresisNeed in ppm: the smaller threshold for a region that gains
+	// share while its reported demand is at least NeedFill of the share
+	// it holds — the region is short now, so its gain is published sooner
+	// than a move that only tidies shares nobody is short of. A value
+	// above Hysteresis counts as Hysteresis.
+	HysteresisNeed uint32
 	// StaleAfter k: once an agent's latest report is k·Δ old, its region
 	// keeps its last share (the agent may still be running it) until no
 	// table names the agent any more; its last known demand keeps counting
@@ -69,7 +77,8 @@ func DefaultConfig(regions ...string) Config {
 		Lease:              30 * time.Second,       // six intervals: survives a few lost tables
 		MaxSkew:            500 * time.Millisecond, // NTP-disciplined hosts, with margin
 		Fence:              time.Second,            // 2·MaxSkew, the least Validate allows; also the default reservation horizon
-		Hysteresis:         5_000,                  // 0.5 % of a budget: no churn from noise
+		Hysteresis:         50_000,                 // 5 % of a budget: a move nobody is short of waits (issue 18: control bytes 7–40 % lower, UA within 0.1 point or better)
+		HysteresisNeed:     20_000,                 // 2 %: a region short of its share gets a gain sooner
 		StaleAfter:         3,                      // three silent intervals: the agent is gone
 		MaxAgentsPerRegion: 256,                    // gateways' agents in one region, with room to spare
 		SafeFraction:       0.1,                    // ARCHITECTURE.md: 10 % of the budget, split equally
@@ -124,6 +133,7 @@ func (c *Config) Validate() error {
 	if c.Hysteresis > PPM {
 		errs = append(errs, fmt.Errorf("rebalance: Hysteresis %d: above %d ppm", c.Hysteresis, PPM))
 	}
+
 	if c.StaleAfter < 1 {
 		errs = append(errs, fmt.Errorf("rebalance: StaleAfter %d: must be at least 1", c.StaleAfter))
 	}

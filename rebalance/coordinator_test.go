@@ -455,6 +455,45 @@ func TestHysteresis(t *testing.T) {
 	}
 }
 
+// A region short of its share (its demand fills at least NeedFill of it)
+// gains at HysteresisNeed; the same gain for a region with room to spare,
+// and every decrease, waits for Hysteresis. Both cases move a by about
+// 13,100 ppm, between the two thresholds.
+func TestHysteresisNeed(t *testing.T) {
+	cfg := unitConfig("a", "b")
+	cfg.Hysteresis, cfg.HysteresisNeed = 50_000, 10_000
+	for _, tt := range []struct {
+		name        string
+		base, moved int64 // a's demand per interval, b's is base
+		wantPublish bool
+	}{
+		{"short of its share", 500, 530, true},
+		{"room to spare", 100, 106, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := started(t, cfg, budget("k"))
+			tick := func(i int64, a, b int64) *Table {
+				now := (i + 1) * sec
+				observe(t, c, "a", "a1", i, now, map[string]int64{"k": a})
+				observe(t, c, "b", "b1", i, now, map[string]int64{"k": b})
+				c.Tick(now)
+				tbs := take(c)
+				return tbs[len(tbs)-1]
+			}
+			base := tick(0, tt.base, tt.base)
+			want := expectProportional(c.safe, []float64{float64(tt.moved), float64(tt.base)})
+			if d := int64(want[0]) - int64(sharesOf(base, "k")[0]); d < 10_000 || d >= 50_000 {
+				t.Fatalf("setup: a gains %d ppm, want between the thresholds", d)
+			}
+			tick(1, tt.moved, tt.base)
+			published := slices.Equal(c.target, want) || slices.Equal(c.cur, want)
+			if published != tt.wantPublish {
+				t.Errorf("published %v (cur %v, target %v), want %v", published, c.cur, c.target, tt.wantPublish)
+			}
+		})
+	}
+}
+
 // Pinned keys get exactly their pins (others their floors) whatever the
 // demand; Frozen keys keep their shares — also while a region is silent.
 func TestPinnedAndFrozen(t *testing.T) {

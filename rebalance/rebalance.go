@@ -119,7 +119,7 @@ func (c *Coordinator) rebalance(now int64) {
 			}
 		case !strat.Overcommit():
 			c.holdSilent(d, row, alive, expired)
-			if c.small(d, row) {
+			if c.small(d, row, c.demand[k*n:(k+1)*n], b.Limit.IntervalMicros()) {
 				copy(d, row)
 			}
 		}
@@ -262,11 +262,22 @@ func (c *Coordinator) holdSilent(d, cur []uint32, alive, expired []bool) {
 	}
 }
 
-// small reports whether no region's share moves by the hysteresis or more.
-func (c *Coordinator) small(d, cur []uint32) bool {
+// NeedFill is the part of its share a region's demand must fill for a gain
+// of its share to count against Config.HysteresisNeed: 90 %.
+const NeedFill = 0.9
+
+// small reports whether no region's share moves by the hysteresis or more:
+// Config.HysteresisNeed for a region that gains while its demand (cost/s,
+// under a budget of emission interval t µs) fills at least NeedFill of the
+// share it holds, Config.Hysteresis for every other move.
+func (c *Coordinator) small(d, cur []uint32, demand []float64, t int64) bool {
 	for r := range d {
 		diff := int64(d[r]) - int64(cur[r])
-		if diff >= int64(c.cfg.Hysteresis) || -diff >= int64(c.cfg.Hysteresis) {
+		theta := int64(c.cfg.Hysteresis)
+		if diff > 0 && finitePositive(demand[r])*float64(t) >= NeedFill*float64(cur[r]) {
+			theta = min(theta, int64(c.cfg.HysteresisNeed))
+		}
+		if diff >= theta || -diff >= theta {
 			return false
 		}
 	}

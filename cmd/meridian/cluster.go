@@ -51,6 +51,9 @@ func coordinatorConfig(cfg *agent.Config) rebalance.Config {
 	if cc.Hysteresis > 0 {
 		rc.Hysteresis = cc.Hysteresis
 	}
+	if cc.HysteresisNeed > 0 {
+		rc.HysteresisNeed = cc.HysteresisNeed
+	}
 	if cc.MaxAgentsPerRegion > 0 {
 		rc.MaxAgentsPerRegion = cc.MaxAgentsPerRegion
 	}

@@ -87,12 +87,15 @@ type ClusterCoordinatorConfig struct {
 	VerifyKeysFile string `yaml:"verify_keys_file"`
 	VerifyKeysEnv  string `yaml:"verify_keys_env"`
 	// The rebalance core (0 or empty: rebalance.DefaultConfig's value).
-	Lease        Duration `yaml:"lease"`
-	MaxSkew      Duration `yaml:"max_skew"`
-	Fence        Duration `yaml:"fence"`
-	Strategy     string   `yaml:"strategy"`
-	Hysteresis   uint32   `yaml:"hysteresis_ppm"`
-	SafeFraction float64  `yaml:"safe_fraction"`
+	Lease      Duration `yaml:"lease"`
+	MaxSkew    Duration `yaml:"max_skew"`
+	Fence      Duration `yaml:"fence"`
+	Strategy   string   `yaml:"strategy"`
+	Hysteresis uint32   `yaml:"hysteresis_ppm"`
+	// HysteresisNeed is rebalance.Config.HysteresisNeed: the smaller
+	// threshold for a region short of its share.
+	HysteresisNeed uint32  `yaml:"hysteresis_need_ppm"`
+	SafeFraction   float64 `yaml:"safe_fraction"`
 	// MaxAgentsPerRegion bounds the agents per region the coordinator
 	// keeps that membership does not list (default 256).
 	MaxAgentsPerRegion int `yaml:"max_agents_per_region"`
