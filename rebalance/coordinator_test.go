@@ -424,20 +424,26 @@ func TestReportsSummedAcrossAgents(t *testing.T) {
 	}
 }
 
+// tickTwo reports interval i's demand a and b for key k from regions a and
+// b (one agent each), ticks at the interval's end and returns the last
+// table published.
+func tickTwo(t *testing.T, c *Coordinator, i, a, b int64) *Table {
+	t.Helper()
+	now := (i + 1) * sec
+	observe(t, c, "a", "a1", i, now, map[string]int64{"k": a})
+	observe(t, c, "b", "b1", i, now, map[string]int64{"k": b})
+	c.Tick(now)
+	tbs := take(c)
+	return tbs[len(tbs)-1]
+}
+
 // A change below the hysteresis publishes the old shares; at or above it
 // the new ones.
 func TestHysteresis(t *testing.T) {
 	cfg := unitConfig("a", "b")
 	cfg.Hysteresis = 10_000
 	c := started(t, cfg, budget("k"))
-	tick := func(i int64, a, b int64) *Table {
-		now := (i + 1) * sec
-		observe(t, c, "a", "a1", i, now, map[string]int64{"k": a})
-		observe(t, c, "b", "b1", i, now, map[string]int64{"k": b})
-		c.Tick(now)
-		tbs := take(c)
-		return tbs[len(tbs)-1]
-	}
+	tick := func(i, a, b int64) *Table { return tickTwo(t, c, i, a, b) }
 	base := tick(0, 100, 100)
 	if want := expectProportional(c.safe, []float64{1, 1}); !slices.Equal(sharesOf(base, "k"), want) {
 		t.Fatalf("shares %v, want %v", sharesOf(base, "k"), want)
@@ -472,20 +478,12 @@ func TestHysteresisNeed(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := started(t, cfg, budget("k"))
-			tick := func(i int64, a, b int64) *Table {
-				now := (i + 1) * sec
-				observe(t, c, "a", "a1", i, now, map[string]int64{"k": a})
-				observe(t, c, "b", "b1", i, now, map[string]int64{"k": b})
-				c.Tick(now)
-				tbs := take(c)
-				return tbs[len(tbs)-1]
-			}
-			base := tick(0, tt.base, tt.base)
+			base := tickTwo(t, c, 0, tt.base, tt.base)
 			want := expectProportional(c.safe, []float64{float64(tt.moved), float64(tt.base)})
 			if d := int64(want[0]) - int64(sharesOf(base, "k")[0]); d < 10_000 || d >= 50_000 {
 				t.Fatalf("setup: a gains %d ppm, want between the thresholds", d)
 			}
-			tick(1, tt.moved, tt.base)
+			tickTwo(t, c, 1, tt.moved, tt.base)
 			published := slices.Equal(c.target, want) || slices.Equal(c.cur, want)
 			if published != tt.wantPublish {
 				t.Errorf("published %v (cur %v, target %v), want %v", published, c.cur, c.target, tt.wantPublish)

@@ -48,16 +48,7 @@ var knownFailures = []struct {
 // store now keeps the limit a state was written under and converts from it
 // (gcra's "Stored state").
 func TestEpochSlotClassFixed(t *testing.T) {
-	for _, i := range []int{590, 832, 1218, 2449} {
-		p := draw(ExploreBase(), 1, i, nil)
-		v, _, err := p.run(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v != nil {
-			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
-		}
-	}
+	passSeed1(t, nil, 590, 832, 1218, 2449)
 }
 
 // known reports whether failure f is a known one: its check, and a fault
@@ -131,8 +122,14 @@ func TestCrashedCoordinatorResumesOnFencedAcks(t *testing.T) {
 
 func passSeed1(t *testing.T, setup func(int, *Scenario), schedules ...int) {
 	t.Helper()
+	passSeed(t, 1, setup, schedules...)
+}
+
+// passSeed is passSeed1 for the schedules of another seed.
+func passSeed(t *testing.T, seed uint64, setup func(int, *Scenario), schedules ...int) {
+	t.Helper()
 	for _, i := range schedules {
-		p := draw(ExploreBase(), 1, i, nil)
+		p := draw(ExploreBase(), seed, i, nil)
 		if setup != nil {
 			setup(i, p.sc)
 		}
@@ -141,7 +138,7 @@ func passSeed1(t *testing.T, setup func(int, *Scenario), schedules ...int) {
 			t.Fatal(err)
 		}
 		if v != nil {
-			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
+			t.Errorf("schedule %d of seed %d: %v", i, seed, v.Error())
 		}
 	}
 }
@@ -459,13 +456,7 @@ func TestExploreClockStepsWithinSkew(t *testing.T) {
 		t.Errorf("only %d schedules with clock steps: too thin to trust", stepped)
 	}
 	// The schedule that found it replays clean.
-	v, _, err := draw(ExploreBase(), 2, 1820, nil).run(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v != nil {
-		t.Errorf("schedule 1820 of seed 2: %v", v.Error())
-	}
+	passSeed(t, 2, nil, 1820)
 }
 
 // TestClockStepForwardCredited: a forward step of a region's clock hands
@@ -477,11 +468,5 @@ func TestExploreClockStepsWithinSkew(t *testing.T) {
 // early on its stepped clock, and the meter, on true time, called it
 // over-admission.
 func TestClockStepForwardCredited(t *testing.T) {
-	v, _, err := draw(ExploreBase(), 1, 4885, nil).run(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v != nil {
-		t.Errorf("schedule 4885 of seed 1: %v", v.Error())
-	}
+	passSeed1(t, nil, 4885)
 }

@@ -151,16 +151,7 @@ func TestReloadShrinkKeepsSharesInForce(t *testing.T) {
 // violate anything. 10738 ran into the reservation class until
 // TestReloadShrinkHonorsBookedSlots's fix.
 func TestReloadBurstsBackedByShares(t *testing.T) {
-	for _, i := range []int{1956, 7173, 7961, 10738, 12402, 12773, 15614, 19256} {
-		p := draw(ExploreBase(), 1, i, nil)
-		v, _, err := p.run(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v != nil {
-			t.Errorf("schedule %d of seed 1: %v", i, v.Error())
-		}
-	}
+	passSeed1(t, nil, 1956, 7173, 7961, 10738, 12402, 12773, 15614, 19256)
 }
 
 // TestReloadShrinkHonorsBookedSlots: a policy reload cuts budgets (to a
@@ -195,11 +186,5 @@ func TestReloadShrinkHonorsBookedSlots(t *testing.T) {
 // stores, converting from the limit each state was written under, kept
 // them.
 func TestReloadYardstickKeepsTokens(t *testing.T) {
-	v, _, err := draw(ExploreBase(), 1, 3277, nil).run(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v != nil {
-		t.Errorf("schedule 3277 of seed 1: %v", v.Error())
-	}
+	passSeed1(t, nil, 3277)
 }

@@ -216,15 +216,26 @@ func TestRollingUpgrade(t *testing.T) {
 
 	// Writing Values while an older agent shares the Redis: the older agent
 	// meets malformed state (and its failure mode decides).
-	k := gcra.Key{Tag: "up", Name: "value"}
-	now += 1_000_000
+	olderRefusesValue(t, s, old, now+1_000_000)
+}
+
+// olderRefusesValue: at now, s (writing the default Value) decides a key
+// and old, an agent of an older release on the same Redis, then fails on it
+// as malformed state — so its limit's failure mode decides, which is why
+// the upgrade's first roll writes the older form (the upgrade notes say
+// so).
+func olderRefusesValue(t *testing.T, s, old *Store, now int64) {
+	t.Helper()
+	ctx := context.Background()
+	k := gcra.Key{Tag: "upgrade", Name: "value"}
+	s.cfg.WriteFormat, s.format = FormatValue, ""
 	s.testNow, old.testNow = strconv.FormatInt(now, 10), strconv.FormatInt(now, 10)
 	steady := gcra.Steady(gcra.PerSecond(10, 5))
 	if _, err := s.Decide(ctx, k, steady, 1); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := old.Decide(ctx, k, steady, 1); !errors.Is(err, ErrMalformedState) {
-		t.Errorf("an older agent deciding a key this release wrote as a Value: %v, want ErrMalformedState (the upgrade note says so)", err)
+		t.Errorf("an older agent deciding a key this release wrote as a %d-byte Value: %v, want ErrMalformedState", gcra.ValueLen, err)
 	}
 }
 
@@ -343,14 +354,5 @@ func TestRollingUpgradeFromValue12(t *testing.T) {
 		t.Errorf("too thin to trust: %d previous-release decisions, %d 12-byte reads, %d 24-byte reads", byPrev, v12Reads, v24Reads)
 	}
 
-	k := gcra.Key{Tag: "up2", Name: "value"}
-	now += 1_000_000
-	s.testNow, prev.testNow = strconv.FormatInt(now, 10), strconv.FormatInt(now, 10)
-	steady := gcra.Steady(gcra.PerSecond(10, 5))
-	if _, err := s.Decide(ctx, k, steady, 1); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := prev.Decide(ctx, k, steady, 1); !errors.Is(err, ErrMalformedState) {
-		t.Errorf("a previous-release agent deciding a key this release wrote as a 24-byte Value: %v, want ErrMalformedState (the upgrade note says so)", err)
-	}
+	olderRefusesValue(t, s, prev, now+1_000_000)
 }
