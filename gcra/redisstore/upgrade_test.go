@@ -72,6 +72,11 @@ func TestRollingUpgrade(t *testing.T) {
 		version uint64
 		meter   gcra.State // everything admitted, decided exactly
 		expiry  int64      // the stored key's expiry on the virtual clock
+		// byOld: an older agent wrote what is stored, with its release's
+		// expiry — no later than the TAT, where this release keeps a state
+		// written under the previous limit of a pending change until its
+		// converted TAT has rested too.
+		byOld bool
 	}
 	now := wallMicros()
 	keys := make([]*key, 6)
@@ -83,7 +88,7 @@ func TestRollingUpgrade(t *testing.T) {
 	if testing.Short() {
 		steps = 600
 	}
-	var oldAdmits, newAdmits, oldUnder, newUnder, overAdmits, packedReads, oldNoState int
+	var oldAdmits, newAdmits, oldUnder, newUnder, overAdmits, packedReads, oldNoState, oldExpired int
 	phase2 := steps / 2
 	for step := range steps {
 		if step == phase2 {
@@ -108,6 +113,17 @@ func TestRollingUpgrade(t *testing.T) {
 		}
 		if kk.expiry != 0 && !expireAt(t, c, name, kk.expiry, now) {
 			kk.expiry = 0
+			if kk.byOld && kk.meter.Exists {
+				// Dropped by the expiry an older agent set, before the
+				// meter's state has rested: what the key holds from here
+				// on is that release's doing, taken as given (seed
+				// 1796651875566008022 once failed here at step 890: an
+				// older agent's write expired at its TAT, 26 s before the
+				// meter's converted one, and this release then read a
+				// key with no state).
+				kk.meter = gcra.State{}
+				oldExpired++
+			}
 		}
 		sch := kk.sch
 		if step < phase2 {
@@ -203,13 +219,14 @@ func TestRollingUpgrade(t *testing.T) {
 			_, kk.meter = readStored()
 		}
 		if after, pttl := rawState(t, c, name); string(after) != string(raw) {
-			kk.expiry = now + pttl.Microseconds()
+			kk.expiry, kk.byOld = now+pttl.Microseconds(), legacy
 		}
 	}
 	t.Logf("%d admissions by older agents, %d by this release (%d decisions on packed state); %d over-admissions; "+
 		"older agents denied %d requests the meter admits (their misread), this release %d (what they wrote); "+
-		"older agents admitted %d on a key with no state or through a zero limit that this release reads as empty or booked",
-		oldAdmits, newAdmits, packedReads, overAdmits, oldUnder, newUnder, oldNoState)
+		"older agents admitted %d on a key with no state or through a zero limit that this release reads as empty or booked; "+
+		"%d keys dropped by an older agent's expiry before the meter's state rested",
+		oldAdmits, newAdmits, packedReads, overAdmits, oldUnder, newUnder, oldNoState, oldExpired)
 	if oldAdmits < steps/40 || newAdmits < steps/40 || packedReads < steps/30 {
 		t.Errorf("too few admissions or packed reads to trust: %d older, %d this release, %d packed", oldAdmits, newAdmits, packedReads)
 	}
