@@ -785,7 +785,7 @@ func TestRetryAfterExactWhenConversionClamped(t *testing.T) {
 
 // TestDecideWriterLimit reads states written under another limit than the
 // one their epoch names for the reader: the TAT counts the writer's tokens,
-// so it is converted from the writer's limit. Every case fails on 7833642,
+// so it is converted from the writer's limit. Every case but the last fails on 7833642 (a state rested long before reads alike either way),
 // which read such a TAT in the reader's own unit (the explorer's epoch-slot
 // class: a sibling agent of the region in another epoch slot, or one that
 // skipped a version, turned a fast writer's admissions into credit under a
