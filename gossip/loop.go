@@ -779,7 +779,7 @@ func (l *Loop) coordinate(ctx context.Context, term uint64) error {
 		if t == nil {
 			return nil
 		}
-		chunks, err := enc.Encode(t, tm.Reads(t, wire.FeatureInBase))
+		chunks, err := enc.Encode(t, tm.ReadBy(t))
 		if err != nil {
 			return fmt.Errorf("encode table: %w", err)
 		}

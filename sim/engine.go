@@ -1611,7 +1611,7 @@ func (r *Run) publish(t *rebalance.Table) error {
 	if t == nil || r.coord == nil {
 		return nil
 	}
-	chunks, err := r.cenc.Encode(t, r.coord.Reads(t, wire.FeatureInBase))
+	chunks, err := r.cenc.Encode(t, r.coord.ReadBy(t))
 	if err != nil {
 		return fmt.Errorf("sim: encode table: %w", err)
 	}

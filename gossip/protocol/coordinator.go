@@ -391,16 +391,33 @@ func (t *Term) Tick(now int64) *rebalance.Table {
 // leaves it on the floors, never on wrong shares. The agents tb does not
 // name are forgotten.
 func (t *Term) Reads(tb *rebalance.Table, f uint32) bool {
-	if tb == nil {
-		return false
+	common, named := t.readBy(tb)
+	return named > 0 && common&f == f
+}
+
+// ReadBy returns the feature bits every agent tb names has reported in its
+// latest report this term (0 for a table that names no agent): what
+// TableEncoder.Encode may use for tb. The agents tb does not name are
+// forgotten.
+func (t *Term) ReadBy(tb *rebalance.Table) uint32 {
+	common, named := t.readBy(tb)
+	if named == 0 {
+		return 0
 	}
-	named, ok := 0, true
+	return common
+}
+
+// readBy returns the features common to the agents tb names, and how
+// many it names, forgetting the agents it does not name.
+func (t *Term) readBy(tb *rebalance.Table) (common uint32, named int) {
+	if tb == nil {
+		return 0, 0
+	}
+	common = ^uint32(0)
 	for ri, agents := range tb.Agents {
 		for _, a := range agents {
 			named++
-			if t.features[rebalance.Member{Region: tb.Regions[ri], Agent: a}]&f != f {
-				ok = false
-			}
+			common &= t.features[rebalance.Member{Region: tb.Regions[ri], Agent: a}]
 		}
 	}
 	if len(t.features) > named {
@@ -411,7 +428,7 @@ func (t *Term) Reads(tb *rebalance.Table, f uint32) bool {
 			}
 		}
 	}
-	return ok && named > 0
+	return common, named
 }
 
 // Deposed returns the error (wrapping ErrDeposed) that ended the term

@@ -772,6 +772,18 @@ func TestTermReads(t *testing.T) {
 	if tm.Reads(&rebalance.Table{Regions: []string{"ap", "eu", "us"}, Agents: make([][]string, 3)}, f) {
 		t.Fatal("Reads for a table naming no agent")
 	}
+	// ReadBy, what the encoder is given: the bits every agent reported.
+	// An agent of the release before row patches reports only in-base.
+	all := wire.Features
+	if tb := round(all, f, all); tm.ReadBy(tb) != f || !tm.Reads(tb, f) || tm.Reads(tb, wire.FeatureRowPatches) {
+		t.Fatalf("ReadBy %#x with one agent reading in-base heads only; want %#x", tm.ReadBy(tb), f)
+	}
+	if tb := round(all, all, all); tm.ReadBy(tb) != all {
+		t.Fatalf("ReadBy %#x with every agent reading %#x", tm.ReadBy(tb), all)
+	}
+	if got := tm.ReadBy(&rebalance.Table{Regions: []string{"ap", "eu", "us"}, Agents: make([][]string, 3)}); got != 0 {
+		t.Fatalf("ReadBy %#x for a table naming no agent", got)
+	}
 }
 
 // TestTermKeepsKeysItsAgentsHoldDemandFor: a steady key is named by its

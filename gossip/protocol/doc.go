@@ -34,10 +34,11 @@
 //     fresh TableReader as its term starts, so both sides verify alike.
 //   - TableEncoder is the coordinator's side: each table goes as a new
 //     base or as an in-base head on the last base stored, whichever the
-//     bus carries in fewer bytes, in-base heads only while Term.Reads says
-//     every agent the table names reported wire.FeatureInBase (agents of
-//     the previous release report none), and a base after any failed
-//     write.
+//     bus carries in fewer bytes, in-base heads only while Term.ReadBy says
+//     every agent the table names reported wire.FeatureInBase, row patches
+//     in its deltas only while they all reported wire.FeatureRowPatches
+//     (agents of earlier releases report neither, or only the first), and
+//     a base after any failed write.
 //   - Follower decides which verified tables reach the agent: only one
 //     strictly newer by (term, epoch) than the last delivered, so a
 //     replayed, repeated or reordered head never goes back, and a new

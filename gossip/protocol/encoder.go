@@ -49,12 +49,14 @@ func NewTableEncoder(cluster string, key ed25519.PrivateKey, maxMessage int, lat
 	return &TableEncoder{cluster: cluster, key: key, maxMessage: maxMessage, prev: latest}
 }
 
-// Encode returns the messages that store t; inBase says whether every
-// agent t names reads in-base heads (Term.Reads).
-func (e *TableEncoder) Encode(t *rebalance.Table, inBase bool) ([][]byte, error) {
+// Encode returns the messages that store t; reads is the feature bits
+// every agent t names has reported (Term.ReadBy): in-base heads
+// (wire.FeatureInBase) and row patches in the deltas
+// (wire.FeatureRowPatches) only where all of them read them.
+func (e *TableEncoder) Encode(t *rebalance.Table, reads uint32) ([][]byte, error) {
 	var head []byte
-	if inBase && e.base != nil {
-		h, ok, err := wire.EncodeTableOn(e.cluster, t, e.base, e.count, e.key, e.maxMessage)
+	if reads&wire.FeatureInBase != 0 && e.base != nil {
+		h, ok, err := wire.EncodeTableOn(e.cluster, t, e.base, e.count, e.key, e.maxMessage, reads)
 		if err != nil {
 			return nil, err
 		}
@@ -62,7 +64,7 @@ func (e *TableEncoder) Encode(t *rebalance.Table, inBase bool) ([][]byte, error)
 			head = h
 		}
 	}
-	chunks, err := wire.EncodeTableBase(e.cluster, t, e.prev, e.key, e.maxMessage)
+	chunks, err := wire.EncodeTableBase(e.cluster, t, e.prev, e.key, e.maxMessage, reads)
 	if err != nil {
 		return nil, err
 	}

@@ -39,7 +39,7 @@ func TestTableEncoderInBase(t *testing.T) {
 	}
 	publish := func(tb *rebalance.Table, inBase bool) []byte {
 		t.Helper()
-		chunks, err := enc.Encode(tb, inBase)
+		chunks, err := enc.Encode(tb, readsOf(inBase))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,9 +114,36 @@ func TestTableEncoderInBase(t *testing.T) {
 	}
 	read(follower, noFetch, h, cur)
 
+	// Agents that read in-base heads but not row patches (the release
+	// before them): in-base heads whose changed rows go whole; then, with
+	// every agent reading both, the same change as a row patch.
+	patches := func(head []byte) (whole, patched int) {
+		m, err := wire.Decode(cluster, head, wire.DefaultLimits(), trusted)
+		if err != nil || m.Table.Delta == nil {
+			t.Fatalf("head: not a delta head (%v)", err)
+		}
+		return len(m.Table.Delta.Changed), len(m.Table.Delta.Patched)
+	}
+	for _, reads := range []uint32{wire.FeatureInBase, wire.Features} {
+		cur = next(cur, 11)
+		chunks, err := enc.Encode(cur, reads)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.chunks[[2]uint64{cur.Term, cur.Epoch}] = chunks
+		enc.Stored(cur)
+		h = chunks[0]
+		whole, patched := patches(h)
+		if wantPatched := reads&wire.FeatureRowPatches != 0; !isInBase(h) || (patched > 0) != wantPatched || whole+patched == 0 {
+			t.Fatalf("reads %#x: in-base %v, %d whole rows and %d patched", reads, isInBase(h), whole, patched)
+		}
+		read(follower, noFetch, h, cur)
+		read(newReader(), st, h, cur)
+	}
+
 	// A failed store: the next table is a base whatever the agents read.
 	cur = next(cur, 4)
-	if _, err := enc.Encode(cur, true); err != nil {
+	if _, err := enc.Encode(cur, wire.Features); err != nil {
 		t.Fatal(err)
 	}
 	enc.Failed()
@@ -132,7 +159,7 @@ func TestTableEncoderInBase(t *testing.T) {
 func TestTableReaderRefusesWrongBase(t *testing.T) {
 	enc := protocol.NewTableEncoder(cluster, coordKey, wire.MinMessage, nil)
 	b1 := table(4, 1, 300)
-	c1, err := enc.Encode(b1, true)
+	c1, err := enc.Encode(b1, wire.Features)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +169,7 @@ func TestTableReaderRefusesWrongBase(t *testing.T) {
 	t2.Keys = slices.Clone(b1.Keys)
 	t2.Keys[0].Shares = []uint32{1, 999_999}
 	t2.Keys[0].Version++
-	c2, err := enc.Encode(&t2, true)
+	c2, err := enc.Encode(&t2, wire.Features)
 	if err != nil || len(c2) != 1 {
 		t.Fatalf("in-base head: %d messages, %v", len(c2), err)
 	}
@@ -155,4 +182,13 @@ func TestTableReaderRefusesWrongBase(t *testing.T) {
 			t.Errorf("%s: read %v, %v; want an error", name, got != nil, err)
 		}
 	}
+}
+
+// readsOf is the features agents report that read in-base heads (all
+// this release's), or none.
+func readsOf(inBase bool) uint32 {
+	if inBase {
+		return wire.Features
+	}
+	return 0
 }

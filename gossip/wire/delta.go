@@ -43,6 +43,23 @@ type Delta struct {
 	// whose head carries none — with this delta applied (EncodeTableOn,
 	// PatchRows).
 	InBase bool
+	// Patched rows replace base rows that keep their key and budget, each
+	// named by its place among the base's rows (FeatureRowPatches): sorted
+	// by Index and distinct; a base row patched is neither in Changed nor
+	// in Removed.
+	Patched []RowPatch
+}
+
+// RowPatch is a changed row of a delta's base named by its place among the
+// base's rows (in key order): the row keeps its key and budget, its
+// version becomes the base row's plus Step, its shares and bursts these.
+// It costs the bus its version step, shares and bursts, where the whole
+// row also carries its key and budget.
+type RowPatch struct {
+	Index  int
+	Step   int64
+	Shares []uint32
+	Bursts []int64
 }
 
 // ErrBase is wrapped by Patch's error when the delta does not apply to
@@ -73,8 +90,10 @@ func sameRow(a, b *rebalance.KeyShares) bool {
 		slices.Equal(a.Shares, b.Shares) && slices.Equal(a.Bursts, b.Bursts)
 }
 
-// diff returns the delta that turns base's rows into t's (digest unset).
-func diff(base, t *rebalance.Table) *Delta {
+// diff returns the delta that turns base's rows into t's (digest unset),
+// with a changed row that keeps its key and budget as a RowPatch when
+// patches is set.
+func diff(base, t *rebalance.Table, patches bool) *Delta {
 	d := &Delta{BaseTerm: base.Term, BaseEpoch: base.Epoch}
 	b, n := base.Keys, t.Keys
 	i, j := 0, 0
@@ -87,7 +106,13 @@ func diff(base, t *rebalance.Table) *Delta {
 			d.Changed = append(d.Changed, n[j])
 			j++
 		default:
-			if !sameRow(&b[i], &n[j]) {
+			switch {
+			case sameRow(&b[i], &n[j]):
+			case patches && b[i].Budget == n[j].Budget:
+				// Both versions are at most 2^60 (checkRow): the step fits.
+				d.Patched = append(d.Patched, RowPatch{Index: i, Step: int64(n[j].Version) - int64(b[i].Version),
+					Shares: n[j].Shares, Bursts: n[j].Bursts})
+			default:
 				d.Changed = append(d.Changed, n[j])
 			}
 			i, j = i+1, j+1
@@ -114,7 +139,14 @@ func deltaSize(d *Delta) int {
 	if d.InBase {
 		n += 2
 	}
+	for i := range d.Patched {
+		n += sizeElem(rowPatchSize(&d.Patched[i]))
+	}
 	return n
+}
+
+func rowPatchSize(p *RowPatch) int {
+	return sizeU(uint64(p.Index)) + sizeS(p.Step) + sizePacked(packed(p.Shares)) + sizePacked(packed(p.Bursts))
 }
 
 func appendDelta(b []byte, d *Delta, size int) []byte {
@@ -132,6 +164,14 @@ func appendDelta(b []byte, d *Delta, size int) []byte {
 	if d.InBase {
 		b = appendU(b, fDelInBase, 1)
 	}
+	for i := range d.Patched {
+		p := &d.Patched[i]
+		b = appendLen(b, fDelPatched, rowPatchSize(p))
+		b = appendU(b, fPatIndex, uint64(p.Index))
+		b = appendS(b, fPatStep, p.Step)
+		b = appendPacked(b, fKsShares, p.Shares)
+		b = appendPacked(b, fKsBursts, p.Bursts)
+	}
 	return b
 }
 
@@ -146,19 +186,22 @@ func appendDelta(b []byte, d *Delta, size int) []byte {
 // be a table the caller encoded before (its rows are compared, not
 // checked).
 func EncodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.PrivateKey, maxMessage int) ([][]byte, error) {
-	return encodeTableFrom(cluster, t, base, key, maxMessage, false)
+	return encodeTableFrom(cluster, t, base, key, maxMessage, false, 0)
 }
 
 // EncodeTableBase is EncodeTableFrom with no rows in chunk 0, so that the
 // table's chunks 1 … n hold every row and a later table can be encoded as
 // a delta on it alone (EncodeTableOn): the table a coordinator stores as
 // the base of the heads that follow. A table with no rows is one message,
-// as EncodeTableFrom makes it, and is no such base.
-func EncodeTableBase(cluster string, t, base *rebalance.Table, key ed25519.PrivateKey, maxMessage int) ([][]byte, error) {
-	return encodeTableFrom(cluster, t, base, key, maxMessage, true)
+// as EncodeTableFrom makes it, and is no such base. reads is the feature
+// bits every agent t names has reported: with FeatureRowPatches the
+// head's delta carries row patches (Delta.Patched), which a reader
+// without it cannot patch (it reads the chunks instead).
+func EncodeTableBase(cluster string, t, base *rebalance.Table, key ed25519.PrivateKey, maxMessage int, reads uint32) ([][]byte, error) {
+	return encodeTableFrom(cluster, t, base, key, maxMessage, true, reads)
 }
 
-func encodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.PrivateKey, maxMessage int, rowsOut bool) ([][]byte, error) {
+func encodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.PrivateKey, maxMessage int, rowsOut bool, reads uint32) ([][]byte, error) {
 	if len(key) != ed25519.PrivateKeySize {
 		return nil, fmt.Errorf("wire: encode table: private key of %d bytes, want %d", len(key), ed25519.PrivateKeySize)
 	}
@@ -167,7 +210,7 @@ func encodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.Priva
 	}
 	var d *Delta
 	if deltaCanBase(base, t) {
-		d = diff(base, t)
+		d = diff(base, t, reads&FeatureRowPatches != 0)
 	}
 	hdr := headerSize(t)
 	env := envFixed(cluster, true)
@@ -234,8 +277,9 @@ func encodeTableFrom(cluster string, t, base *rebalance.Table, key ed25519.Priva
 // A reader of an earlier minor version, which skips the delta, reads the
 // head as a table of count chunks under t's own term and epoch, finds none
 // and applies nothing: a coordinator uses EncodeTableOn only once every
-// agent its table names has reported FeatureInBase.
-func EncodeTableOn(cluster string, t, base *rebalance.Table, count int, key ed25519.PrivateKey, maxMessage int) (head []byte, ok bool, err error) {
+// agent its table names has reported FeatureInBase, and reads says which
+// further features they all read (EncodeTableBase).
+func EncodeTableOn(cluster string, t, base *rebalance.Table, count int, key ed25519.PrivateKey, maxMessage int, reads uint32) (head []byte, ok bool, err error) {
 	if len(key) != ed25519.PrivateKeySize {
 		return nil, false, fmt.Errorf("wire: encode table: private key of %d bytes, want %d", len(key), ed25519.PrivateKeySize)
 	}
@@ -245,7 +289,7 @@ func EncodeTableOn(cluster string, t, base *rebalance.Table, count int, key ed25
 	if !deltaCanBase(base, t) || len(base.Keys) == 0 || count < 2 || int64(count) > 1<<32-1 {
 		return nil, false, nil
 	}
-	d := diff(base, t)
+	d := diff(base, t, reads&FeatureRowPatches != 0)
 	d.InBase = true
 	hdr, env := headerSize(t), envFixed(cluster, true)
 	dsize := deltaSize(d)
@@ -337,6 +381,7 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 		seen            fieldSet
 		digest          []byte
 		nrows, nremoved int
+		npatched        int
 		nshares, nburst int
 		inBase          uint64
 	)
@@ -364,6 +409,13 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 			if fr.why = seen.u64(f, &inBase); fr.why == "" && inBase > 1 {
 				fr.why = fmt.Sprintf("in_base %d: a bool is 0 or 1", inBase)
 			}
+		case fDelPatched:
+			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
+				npatched++
+				s, bu := countPacked(f.b)
+				nshares += s
+				nburst += bu
+			}
 		}
 	}
 	if fr.why != "" {
@@ -372,8 +424,8 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 	switch {
 	case len(digest) != DigestSize:
 		return nil, invalidf("table chunk 0 delta: digest of %d bytes, want %d", len(digest), DigestSize)
-	case nrows+nremoved > lim.MaxKeys:
-		return nil, invalidf("table chunk 0 delta: %d keys, above the limit of %d", nrows+nremoved, lim.MaxKeys)
+	case nrows+nremoved+npatched > lim.MaxKeys:
+		return nil, invalidf("table chunk 0 delta: %d keys, above the limit of %d", nrows+nremoved+npatched, lim.MaxKeys)
 	}
 	copy(d.Digest[:], digest)
 	d.InBase = inBase == 1
@@ -382,6 +434,9 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 	}
 	if nremoved > 0 {
 		d.Removed = make([]string, 0, nremoved)
+	}
+	if npatched > 0 {
+		d.Patched = make([]RowPatch, 0, npatched)
 	}
 	a := arena{shares: make([]uint32, nshares), bursts: make([]int64, nburst)}
 	str := string(b)
@@ -411,6 +466,16 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 				return nil, invalidf("table chunk 0 delta removed key %d: keys not sorted and distinct", i)
 			}
 			d.Removed = append(d.Removed, k)
+		case fDelPatched:
+			i := len(d.Patched)
+			d.Patched = append(d.Patched, RowPatch{})
+			p := &d.Patched[i]
+			if why := readRowPatch(p, f.b, regions, &a, lim); why != "" {
+				return nil, invalidf("table chunk 0 delta patched row %d: %s", i, why)
+			}
+			if i > 0 && d.Patched[i-1].Index >= p.Index {
+				return nil, invalidf("table chunk 0 delta patched row %d: index %d after %d: not sorted and distinct", i, p.Index, d.Patched[i-1].Index)
+			}
 		}
 	}
 	for i, j := 0, 0; i < len(d.Changed) && j < len(d.Removed); {
@@ -424,6 +489,61 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 		}
 	}
 	return d, nil
+}
+
+// readRowPatch reads one RowPatch of a table of the given regions: an
+// index below the most rows a table may have, one share per region, no
+// bursts or one per region (the values are checked, with the row they
+// make, by Patch).
+func readRowPatch(p *RowPatch, b []byte, regions int, a *arena, lim Limits) string {
+	var (
+		seen  fieldSet
+		index uint64
+	)
+	fr := fieldReader{msg: b}
+	for fr.next() {
+		switch f := &fr.f; f.num {
+		case fPatIndex:
+			fr.why = seen.u64(f, &index)
+		case fPatStep:
+			fr.why = seen.zigzag(f, &p.Step)
+		case fKsShares:
+			if fr.why = seen.once(f, protowire.BytesType); fr.why == "" {
+				p.Shares, fr.why = readPacked(f.b, "shares", lim.MaxRegions, &a.shares, toShare)
+			}
+		case fKsBursts:
+			if fr.why = seen.once(f, protowire.BytesType); fr.why == "" {
+				p.Bursts, fr.why = readPacked(f.b, "bursts", lim.MaxRegions, &a.bursts, toBurst)
+			}
+		}
+	}
+	switch {
+	case fr.why != "":
+		return fmt.Sprintf("at byte %d: %s", fr.off, fr.why)
+	case index >= uint64(lim.MaxKeys):
+		return fmt.Sprintf("index %d: a table has at most %d rows", index, lim.MaxKeys)
+	case regions >= 0 && len(p.Shares) != regions:
+		return fmt.Sprintf("shares has %d entries for %d regions", len(p.Shares), regions)
+	case len(p.Bursts) != 0 && len(p.Bursts) != len(p.Shares):
+		return fmt.Sprintf("bursts has %d entries for %d shares", len(p.Bursts), len(p.Shares))
+	}
+	p.Index = int(index)
+	return ""
+}
+
+// patchRow returns base row ks with p applied, copied out of the message
+// p was decoded from, or why it cannot be.
+func patchRow(ks rebalance.KeyShares, p *RowPatch, regions int, lim Limits) (rebalance.KeyShares, error) {
+	// The base row's version is at most 2^60 (checkRow): with the step
+	// bounded first, the sum cannot overflow.
+	v := int64(ks.Version) + max(min(p.Step, 1<<61), -(1<<61))
+	if v < 0 || v > maxVersion {
+		return ks, fmt.Errorf("version %d stepped by %d leaves [0, 2^60]", ks.Version, p.Step)
+	}
+	ks.Version = uint64(v)
+	ks.Shares = slices.Clone(p.Shares)
+	ks.Bursts = slices.Clone(p.Bursts)
+	return ks, checkRow(&ks, regions, lim)
 }
 
 // Patch returns the table a delta head (chunk 0 of a delta table, as
@@ -464,24 +584,45 @@ func Patch(base *rebalance.Table, head *TableChunk, lim Limits) (*rebalance.Tabl
 		return nil, invalidf("patch: table term %d epoch %d header: a shadow table", h.Term, h.Epoch)
 	}
 	rows := make([]rebalance.KeyShares, 0, len(base.Keys)+len(d.Changed)-len(d.Removed))
-	b, c, r := base.Keys, d.Changed, d.Removed
-	for len(b) > 0 || len(c) > 0 {
+	b, c, r, p := base.Keys, d.Changed, d.Removed, d.Patched
+	bi := 0 // b[bi] is the next base row
+	// patched: whether the next patch names b[bi], which then must be
+	// neither removed nor replaced whole.
+	patched := func() bool { return len(p) > 0 && p[0].Index == bi }
+	for bi < len(b) || len(c) > 0 {
 		switch {
-		case len(r) > 0 && (len(b) == 0 || r[0] < b[0].Key):
+		case len(r) > 0 && (bi == len(b) || r[0] < b[bi].Key):
 			return nil, fmt.Errorf("%w: table %d.%d removes %q, which its base lacks", ErrBase, head.Term, head.Epoch, r[0])
-		case len(b) > 0 && len(r) > 0 && b[0].Key == r[0]:
-			b, r = b[1:], r[1:]
-		case len(c) == 0 || len(b) > 0 && b[0].Key < c[0].Key:
-			rows, b = append(rows, b[0]), b[1:]
+		case bi < len(b) && len(r) > 0 && b[bi].Key == r[0]:
+			if patched() {
+				return nil, fmt.Errorf("%w: table %d.%d both removes and patches %q", ErrBase, head.Term, head.Epoch, r[0])
+			}
+			bi, r = bi+1, r[1:]
+		case len(c) == 0 || bi < len(b) && b[bi].Key < c[0].Key:
+			row := b[bi]
+			if patched() {
+				var err error
+				if row, err = patchRow(row, &p[0], len(h.Regions), lim); err != nil {
+					return nil, fmt.Errorf("%w: table %d.%d patches row %d (%q) of %d.%d: %v", ErrBase, head.Term, head.Epoch, bi, b[bi].Key, base.Term, base.Epoch, err)
+				}
+				p = p[1:]
+			}
+			rows, bi = append(rows, row), bi+1
 		default:
-			if len(b) > 0 && b[0].Key == c[0].Key {
-				b = b[1:]
+			if bi < len(b) && b[bi].Key == c[0].Key {
+				if patched() {
+					return nil, fmt.Errorf("%w: table %d.%d both changes and patches %q", ErrBase, head.Term, head.Epoch, c[0].Key)
+				}
+				bi++
 			}
 			rows, c = append(rows, cloneRow(c[0])), c[1:]
 		}
 	}
 	if len(r) > 0 {
 		return nil, fmt.Errorf("%w: table %d.%d removes %q, which its base lacks", ErrBase, head.Term, head.Epoch, r[0])
+	}
+	if len(p) > 0 {
+		return nil, fmt.Errorf("%w: table %d.%d patches row %d; its base %d.%d has %d", ErrBase, head.Term, head.Epoch, p[0].Index, base.Term, base.Epoch, len(b))
 	}
 	if len(rows) > lim.MaxKeys {
 		return nil, invalidf("patch: table term %d epoch %d: %d keys, above the limit of %d", h.Term, h.Epoch, len(rows), lim.MaxKeys)

@@ -30,6 +30,16 @@
 // only when its head is smaller than the whole table; a table's KV entry
 // (the head) therefore always leads to a whole table.
 //
+// A delta names a changed row either whole (Delta.Changed) or, when every
+// reader reads them (FeatureRowPatches) and the row keeps its key and
+// budget, as a row patch (Delta.Patched): its place among the base's rows,
+// its version step, shares and bursts — no key, no budget. A share move of
+// a three-region row then costs about 20 bytes instead of 60 (measured:
+// TestRowPatchSmall, 7,042 against 17,610 bytes for 334 moved rows). A
+// reader that skips the patches fails the digest and reads the chunks; a
+// coordinator writes them only once every agent its table names has
+// reported the feature.
+//
 // Tables are signed: each chunk carries an Ed25519 signature, by the
 // coordinator's key, over the envelope bytes before it, and Decode refuses
 // a table none of the trusted keys verifies (ErrSignature). Reports and

@@ -68,6 +68,11 @@ const (
 	fDelChanged   = 4
 	fDelRemoved   = 5
 	fDelInBase    = 6
+	fDelPatched   = 7
+
+	// RowPatch: its shares and bursts are fKsShares and fKsBursts.
+	fPatIndex = 1
+	fPatStep  = 2
 
 	// TableHeader
 	fHdrIssued    = 1

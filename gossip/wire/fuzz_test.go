@@ -40,7 +40,11 @@ func FuzzDecode(f *testing.F) {
 	f.Add(deltas[0])
 	f.Add(deltas[0][:len(deltas[0])-2-ed25519.SignatureSize])
 	// An in-base head on fuzzBase, stored as a base in 3 messages.
-	if inBase, ok, _ := wire.EncodeTableOn(cluster, &next, fuzzBase, 3, testKey, wire.MinMessage); ok {
+	if inBase, ok, _ := wire.EncodeTableOn(cluster, &next, fuzzBase, 3, testKey, wire.MinMessage, wire.FeatureInBase); ok {
+		f.Add(inBase)
+	}
+	// The same with its changed row as a row patch.
+	if inBase, ok, _ := wire.EncodeTableOn(cluster, &next, fuzzBase, 3, testKey, wire.MinMessage, wire.Features); ok {
 		f.Add(inBase)
 	}
 	lim := wire.DefaultLimits()

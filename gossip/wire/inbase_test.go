@@ -30,7 +30,7 @@ func TestInBaseProperties(t *testing.T) {
 		max := rapid.IntRange(wire.MinMessage, 8192).Draw(t, "maxMessage")
 		lim := wire.DefaultLimits()
 		lim.MaxMessage = max
-		stored, err := wire.EncodeTableBase(cluster, base, nil, testKey, max)
+		stored, err := wire.EncodeTableBase(cluster, base, nil, testKey, max, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,7 +40,8 @@ func TestInBaseProperties(t *testing.T) {
 			t.Fatalf("a base of %d rows: %d rows in its head, %d messages", len(base.Keys), len(h.Keys), len(stored))
 		}
 		next := nextTable(t, base)
-		head, ok, err := wire.EncodeTableOn(cluster, next, base, len(stored), testKey, max)
+		reads := rapid.SampledFrom([]uint32{wire.FeatureInBase, wire.Features}).Draw(t, "reads")
+		head, ok, err := wire.EncodeTableOn(cluster, next, base, len(stored), testKey, max, reads)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +115,7 @@ func TestInBaseProperties(t *testing.T) {
 // is an in-base head of a few hundred bytes and no chunks.
 func TestInBaseSmall(t *testing.T) {
 	base := testTable(1000, 24, "ap", "eu", "us")
-	stored, err := wire.EncodeTableBase(cluster, base, nil, testKey, wire.DefaultMaxMessage)
+	stored, err := wire.EncodeTableBase(cluster, base, nil, testKey, wire.DefaultMaxMessage, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestInBaseSmall(t *testing.T) {
 	next.Keys = append([]rebalance.KeyShares(nil), base.Keys...)
 	next.Keys[7].Shares = []uint32{100_000, 200_000, 700_000}
 	next.Keys[7].Version++
-	head, ok, err := wire.EncodeTableOn(cluster, &next, base, len(stored), testKey, wire.DefaultMaxMessage)
+	head, ok, err := wire.EncodeTableOn(cluster, &next, base, len(stored), testKey, wire.DefaultMaxMessage, wire.FeatureInBase)
 	if err != nil || !ok {
 		t.Fatalf("EncodeTableOn: ok %v, %v", ok, err)
 	}

@@ -276,11 +276,11 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 	}
 
 	// An in-base head: the delta's in_base, the base's count, no chunks.
-	base, err := wire.EncodeTableBase(cluster, tb, nil, testKey, wire.DefaultMaxMessage)
+	base, err := wire.EncodeTableBase(cluster, tb, nil, testKey, wire.DefaultMaxMessage, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ihead, ok, err := wire.EncodeTableOn(cluster, &next, tb, len(base), testKey, wire.DefaultMaxMessage)
+	ihead, ok, err := wire.EncodeTableOn(cluster, &next, tb, len(base), testKey, wire.DefaultMaxMessage, wire.Features)
 	if err != nil || !ok {
 		t.Fatalf("EncodeTableOn: %v, %v", ok, err)
 	}
@@ -288,6 +288,16 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 	id := get(itab, "delta").(protoreflect.Message)
 	check("in-base head rows, count, in_base, base", []any{len(get(itab, "keys").([]any)), get(itab, "count"), get(id, "in_base"), get(id, "base_epoch"), get(id, "digest")},
 		[]any{0, uint64(len(base)), true, tb.Epoch, digest[:]})
+	// Its changed row goes as a patch of the base's row 1 (the readers
+	// all read FeatureRowPatches): place, shares and no key.
+	if ch, ok := get(id, "changed").([]any); ok && len(ch) != 0 {
+		t.Errorf("in-base head: %d whole rows changed, want them patched", len(ch))
+	}
+	patched := get(id, "patched").([]any)
+	check("in-base head patched", len(patched), 1)
+	pm := patched[0].(protoreflect.Message)
+	check("in-base head patch", []any{get(pm, "index"), get(pm, "version_step"), get(pm, "shares")},
+		[]any{uint64(1), int64(next.Keys[0].Version) - int64(tb.Keys[1].Version), []any{uint64(1), uint64(2), uint64(3)}})
 	check("base head rows", len(get(unmarshal(t, file, "Table", get(unmarshal(t, file, "Envelope", base[0]), "body").([]byte)), "keys").([]any)), 0)
 
 	// What the protobuf runtime writes from the schema (index 0 omitted,

@@ -189,9 +189,15 @@ const (
 	// held or fetched (BaseRows).
 	FeatureInBase uint32 = 1 << 0
 
+	// FeatureRowPatches: the reader reads a delta's row patches
+	// (Delta.Patched): a changed row named by its place in the base, with
+	// only its new version, shares and bursts — about a third of the
+	// bytes of the whole row it replaces.
+	FeatureRowPatches uint32 = 1 << 1
+
 	// Features is every feature this package's readers handle
 	// (protocol.TableReader): what an agent built on it reports.
-	Features = FeatureInBase
+	Features = FeatureInBase | FeatureRowPatches
 )
 
 // Coordinator feature bits: what the coordinator that issued a table reads
