@@ -21,6 +21,13 @@ import (
 // is a delta on that table. The shell (gossip.Loop, the simulator)
 // stores what Encode returns, then says Stored or Failed.
 //
+// An in-base head carries every change since its base, so heads grow as
+// changes pile up: stopping only once one head costs more than a base let
+// a cluster whose rows keep moving pay up to twice what it needs. So the
+// encoder also rents: once the heads stored on a base have cost the bus as
+// much as a new base would, the next table is a base (ski rental: within
+// twice the bytes of the best choice made knowing the future).
+//
 // The base's chunks stay in the store while the heads built on it are
 // written: the store purges only tables older than the last one before
 // the newest it wrote chunks for (gossip.Transport.StoreTable), and in-base
@@ -36,8 +43,11 @@ type TableEncoder struct {
 	base  *rebalance.Table // the last base stored (its chunks hold every row), nil for none
 	count int              // its messages
 
+	rent int // bus bytes of the in-base heads stored on base
+
 	next      *rebalance.Table // Encode's table
 	nextCount int              // its messages if it went as a base, else 0
+	nextCost  int              // its bus bytes if it went as an in-base head
 	bases     uint64
 	heads     uint64
 }
@@ -68,8 +78,9 @@ func (e *TableEncoder) Encode(t *rebalance.Table, reads uint32) ([][]byte, error
 	if err != nil {
 		return nil, err
 	}
-	e.next, e.nextCount = t, 0
-	if head != nil && (len(t.Regions)+1)*len(head) < e.baseCost(chunks, len(t.Regions)) {
+	e.next, e.nextCount, e.nextCost = t, 0, 0
+	if cost := (len(t.Regions) + 1) * len(head); head != nil && e.rent+cost < e.baseCost(chunks, len(t.Regions)) {
+		e.nextCost = cost
 		return [][]byte{head}, nil
 	}
 	if len(chunks) > 1 {
@@ -102,10 +113,11 @@ func (e *TableEncoder) Stored(t *rebalance.Table) {
 	e.prev = t
 	switch {
 	case e.nextCount > 0:
-		e.base, e.count = t, e.nextCount
+		e.base, e.count, e.rent = t, e.nextCount, 0
 		e.bases++
 	case e.base != nil:
 		e.heads++
+		e.rent += e.nextCost
 	}
 	e.next = nil
 }
@@ -113,7 +125,7 @@ func (e *TableEncoder) Stored(t *rebalance.Table) {
 // Failed records that storing the last table encoded failed, or was
 // fenced: the store's state is unknown (the bucket may even be new), so the
 // next table is a new base.
-func (e *TableEncoder) Failed() { e.base, e.count, e.next = nil, 0, nil }
+func (e *TableEncoder) Failed() { e.base, e.count, e.next, e.rent = nil, 0, nil, 0 }
 
 // Counts returns how many bases and in-base heads the term has stored.
 func (e *TableEncoder) Counts() (bases, heads uint64) { return e.bases, e.heads }
