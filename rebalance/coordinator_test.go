@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -1321,5 +1323,73 @@ func TestObserveOrderGuess(t *testing.T) {
 	report(6, "e", "b", "c", "d")
 	if err := c.Observe(&Report{Region: "eu", Agent: "eu-1", Interval: 7, Keys: []KeyDemand{{Key: "e", Demand: Demand{Offered: 1, OfferedCost: 1}}, {Key: "e", Demand: Demand{Offered: 1, OfferedCost: 1}}}}, 8*dt); err == nil {
 		t.Fatal("a key listed twice, at its guessed place both times: accepted")
+	}
+}
+
+// TestCostDemandAlone: the coordinator advertises FeatureCostDemand —
+// it reads a listed key's offered cost and nothing else — so reports
+// carrying the whole demand and reports carrying the offered cost alone
+// must give the same tables, interval after interval.
+func TestCostDemandAlone(t *testing.T) {
+	cfg := unitConfig("eu", "us")
+	keys := []string{"a", "b", "c"}
+	bs := []Budget{budget("a"), budget("b"), budget("c")}
+	whole, alone := started(t, cfg, bs...), started(t, cfg, bs...)
+	if f := whole.Latest().Features; f&FeatureCostDemand == 0 {
+		t.Fatalf("table features %#x: FeatureCostDemand not advertised", f)
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	now, tables := int64(0), 0
+	for i := int64(1); i <= 30; i++ {
+		now += int64(cfg.Interval / time.Microsecond)
+		for _, region := range []string{"eu", "us"} {
+			r := &Report{Region: region, Agent: region + "-1", Interval: i - 1}
+			r.Term, r.Epoch = whole.Latest().Term, whole.Latest().Epoch
+			for _, k := range keys {
+				if rng.IntN(4) == 0 {
+					continue
+				}
+				n := rng.Int64N(500)
+				cost := n * (1 + rng.Int64N(3))
+				admitted := rng.Int64N(cost + 1)
+				r.Keys = append(r.Keys, KeyDemand{Key: k, Demand: Demand{Offered: n, OfferedCost: cost, Admitted: admitted, Denied: cost - admitted}})
+			}
+			c := *r
+			c.Keys = nil
+			for _, kd := range r.Keys {
+				c.Keys = append(c.Keys, KeyDemand{Key: kd.Key, Demand: Demand{OfferedCost: kd.OfferedCost}})
+			}
+			if err := whole.Observe(r, now); err != nil {
+				t.Fatal(err)
+			}
+			if err := alone.Observe(&c, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		whole.Tick(now)
+		alone.Tick(now)
+		a, b := take(whole), take(alone)
+		tables += len(a)
+		if len(a) != len(b) {
+			t.Fatalf("interval %d: %d tables from whole demand, %d from offered cost alone", i, len(a), len(b))
+		}
+		for j := range a {
+			if !reflect.DeepEqual(a[j], b[j]) {
+				t.Fatalf("interval %d table %d differs:\n whole %s\n alone %s", i, j, tableString(a[j]), tableString(b[j]))
+			}
+		}
+		for _, c := range []*Coordinator{whole, alone} {
+			if c.transition {
+				tb := c.Latest()
+				for ri, agents := range tb.Agents {
+					for _, ag := range agents {
+						_ = c.Ack(tb.Regions[ri], ag, tb.Term, tb.Epoch)
+					}
+				}
+			}
+		}
+	}
+	if tables < 10 {
+		t.Fatalf("%d tables in 30 intervals: the shares hardly moved", tables)
 	}
 }

@@ -181,7 +181,9 @@
 // each key is listed again at least every ReportRefresh (2 min by
 // default), which bounds what anything else can cost. Demand only moves
 // shares: a stale one never breaks an invariant, it only places the
-// budget worse.
+// budget worse. Of a listed key's demand the coordinator reads the offered
+// cost alone, and its tables say so (FeatureCostDemand), so agents send
+// nothing else.
 //
 // Reports are per closed interval of the agent's clock, which may run
 // MaxSkew ahead of the coordinator's: Observe takes a report once its

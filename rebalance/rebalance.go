@@ -296,7 +296,7 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 	t := &Table{
 		Term: c.term, Epoch: c.epoch, Issued: now, Effective: max(eff, c.fence), PolicyVersion: c.policyVersion,
 		Regions: c.regions, Leases: make([]int64, n), Agents: make([][]string, n),
-		Keys: make([]KeyShares, K), Shadow: c.cfg.Shadow, Features: FeatureDeltaReports,
+		Keys: make([]KeyShares, K), Shadow: c.cfg.Shadow, Features: FeatureDeltaReports | FeatureCostDemand,
 	}
 	// A table names the live members (issue 17, defect 7: a report alone
 	// names no one, so an agent memberlist refuses gets no share) and

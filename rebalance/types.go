@@ -112,6 +112,13 @@ const (
 	// (Report.Delta) and keeps each agent's last demand for the keys they
 	// do not list (Coordinator.Observe).
 	FeatureDeltaReports uint32 = 1 << 0
+
+	// FeatureCostDemand: the coordinator reads a listed key's offered cost
+	// (Demand.OfferedCost) and nothing else of its demand, so an agent
+	// lists each key with its offered cost alone; the request count,
+	// admitted and denied stay with the agent (its metrics). They were
+	// about a third of a listed key's bytes on the bus.
+	FeatureCostDemand uint32 = 1 << 1
 )
 
 // Newer reports whether t is ordered after (term, epoch).

@@ -106,7 +106,10 @@
 // report — every key at the cost it was last listed with — after a new
 // term, while the lease is lapsed and when a table asks
 // (rebalance.Table.Resync). The package rebalance's doc states what the
-// coordinator keeps.
+// coordinator keeps. Once it says its coordinator reads a key's offered
+// cost alone (rebalance.FeatureCostDemand), each listed key carries only
+// that: the request count, admitted and denied stay in the agent's
+// metrics.
 //
 // # Shares, epochs and leases
 //

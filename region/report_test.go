@@ -372,3 +372,54 @@ func TestNoDeltaReportsToAnOldCoordinator(t *testing.T) {
 		}
 	}
 }
+
+// TestCostDemandReports: a coordinator that reads only a key's offered
+// cost (rebalance.FeatureCostDemand) gets that alone — no request count,
+// admitted or denied on the bus — and one of the release before, whose
+// tables lack the bit, gets the whole demand as before.
+func TestCostDemandReports(t *testing.T) {
+	r := newReportRig(t, 1, nil)
+	for r.node.Table().Term == 0 {
+		r.interval([]int64{1000}, false)
+	}
+	if f := r.coord.Latest().Features; f&rebalance.FeatureCostDemand == 0 {
+		t.Fatalf("the coordinator's table advertises %#x, without FeatureCostDemand", f)
+	}
+	decide := func() *rebalance.Report {
+		t.Helper()
+		r.now += r.dt
+		var d region.Decision
+		for range 3 {
+			req := &region.Request{Domain: "api", Cost: 4000, Descriptors: []region.Descriptor{{Entries: []region.Entry{{Key: "tenant", Value: "t000"}}}}}
+			if err := r.node.Decide(context.Background(), r.now-1, req, &d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return r.node.Tick(r.now)
+	}
+	// A full report (the first under a table with a new epoch lists every key).
+	rep := decide()
+	if len(rep.Keys) != 1 {
+		t.Fatalf("report lists %d keys, want 1", len(rep.Keys))
+	}
+	if got := rep.Keys[0].Demand; got.OfferedCost != 12000 || got.Offered != 0 || got.Admitted != 0 || got.Denied != 0 {
+		t.Fatalf("to a coordinator reading offered cost alone: %+v; want offered cost 12000 and nothing else", got)
+	}
+	tb := *r.coord.Latest()
+	tb.Epoch, tb.Features = tb.Epoch+100, rebalance.FeatureDeltaReports // the release before's next table
+	if err := r.node.Apply(&tb, r.now); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		rep = decide()
+		if len(rep.Keys) == 1 {
+			break
+		}
+	}
+	if len(rep.Keys) != 1 {
+		t.Fatalf("report lists %d keys, want 1", len(rep.Keys))
+	}
+	if got := rep.Keys[0].Demand; got.OfferedCost != 12000 || got.Offered != 3 || got.Admitted+got.Denied != 12000 {
+		t.Fatalf("to a coordinator of the release before: %+v; want 3 requests, 12000 offered, admitted and denied summing to it", got)
+	}
+}

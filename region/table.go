@@ -473,7 +473,7 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 				// none); a delta lists the changed ones, zero included.
 				list := ch || e.relist || (e.listed.Offered > 0 && e.slot%uint32(period) == refresh)
 				if (full && e.listed.Offered > 0) || (!full && list) {
-					rep.Keys = append(rep.Keys, rebalance.KeyDemand{Key: name, Demand: e.listed})
+					rep.Keys = append(rep.Keys, rebalance.KeyDemand{Key: name, Demand: sent(e.listed, s.features)})
 				}
 				e.relist = ch
 			} else {
@@ -490,13 +490,23 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 			}
 			e.idle = 0
 			if e.global && !delta {
-				rep.Keys = append(rep.Keys, rebalance.KeyDemand{Key: name, Demand: dm})
+				rep.Keys = append(rep.Keys, rebalance.KeyDemand{Key: name, Demand: sent(dm, s.features)})
 			}
 		}
 		sh.mu.Unlock()
 	}
 	slices.SortFunc(rep.Keys, func(a, b rebalance.KeyDemand) int { return cmp.Compare(a.Key, b.Key) })
 	return rep
+}
+
+// sent is the part of a key's demand a report carries to the coordinator
+// of a table with features: its offered cost alone where the coordinator
+// reads nothing else (rebalance.FeatureCostDemand), else all of it.
+func sent(d rebalance.Demand, features uint32) rebalance.Demand {
+	if features&rebalance.FeatureCostDemand != 0 {
+		return rebalance.Demand{OfferedCost: d.OfferedCost}
+	}
+	return d
 }
 
 // changed reports whether a key's demand cur in an interval differs enough

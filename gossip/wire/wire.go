@@ -211,7 +211,11 @@ const (
 	// keys a delta report does not list.
 	CoordDeltaReports = rebalance.FeatureDeltaReports
 
+	// CoordCostDemand: the coordinator reads only a listed key's offered
+	// cost (KeyDemand field 3): an agent leaves fields 2, 4 and 5 out.
+	CoordCostDemand = rebalance.FeatureCostDemand
+
 	// CoordFeatures is every feature this package's coordinator side
 	// reads (protocol.Term): what a coordinator built on it advertises.
-	CoordFeatures = CoordDeltaReports
+	CoordFeatures = CoordDeltaReports | CoordCostDemand
 )
