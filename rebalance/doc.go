@@ -79,6 +79,25 @@
 //     State (nil) it cannot remember and behaves like proportional.
 //     Reference: exponential smoothing as in TCP's SRTT (RFC 6298), with
 //     two gains.
+//   - quantile: ewma's smoothed demand, split so that every region with
+//     demand holds the same quantile of its demand: share_r = max(safe_r,
+//     m_r + z·σ_r), m_r the smoothed demand in ppm, σ_r ∝ √m_r (the
+//     noise of Poisson arrivals: a region seeing a tenth of a key's
+//     requests is short far more often than its proportional share says),
+//     and z the one value at which the shares fill PPM. Under its budget a
+//     key gives its slack to the noisiest regions; over it, the steady
+//     regions take the noisy ones' excess, where it is used rather than
+//     left in an idle bucket. Demand above 1.5 times the budget is scaled
+//     away in proportion first, so a heavily oversubscribed key keeps
+//     every region with demand above its floor (a key ten times over with
+//     80/20 demand splits 86.7/13.3; proportional 80/20). Against ewma at
+//     Δ = 2 s it lost 1.1 % where ewma lost 1.7 under steady skew, 1.5
+//     against 1.9 in a flash crowd and 1.5 against 2.0 in a retry storm,
+//     and no built-in scenario got worse by more than 0.2 point. Raising
+//     one region's demand never lowers its share (at a fixed z its target
+//     grows, and z falls only as far as the sum needs). Reference: the
+//     square-root staffing rule of queueing (Halfin and Whitt), applied to
+//     splitting a rate.
 //   - maxmin: water-filling with floors and headroom (max-min fairness):
 //     each region's demand counts as c_r = demand·T·(1+h) ppm (to the
 //     nearest ppm, at most PPM); region r gets max(safe_r, min(c_r, L)) with the common
@@ -133,7 +152,7 @@
 // Rounding is exact integer largest remainder, with ties going to the
 // region whose name sorts first. Every sum runs in region-name order, so a
 // strategy's result depends on the regions' names, never on the order they
-// are listed in or on map order. For proportional, ewma and maxmin, raising
+// are listed in or on map order. For proportional, ewma, quantile and maxmin, raising
 // only one region's demand never lowers its share; doorman-proportional
 // holds it up to floating-point rounding of Doorman's formulas.
 //

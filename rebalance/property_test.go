@@ -121,7 +121,7 @@ func genCase(t *rapid.T, name string) propCase {
 		}
 	case "home":
 		c.params.Home = rapid.SampledFrom(regions).Draw(t, "home")
-	case "ewma":
+	case "ewma", "quantile":
 		alpha := rapid.OneOf(rapid.Float64Range(1e-6, 1), rapid.Just(1.0))
 		c.params.AlphaUp = alpha.Draw(t, "alphaUp")
 		c.params.AlphaDown = alpha.Draw(t, "alphaDown")
@@ -161,9 +161,9 @@ func (c *propCase) keepsLast(stateAfter []float64) bool {
 		switch {
 		case c.name == "proportional":
 			some = some || (d > 0 && !math.IsInf(d, 1))
-		case c.name == "ewma" && stateAfter != nil:
+		case (c.name == "ewma" || c.name == "quantile") && stateAfter != nil:
 			some = some || stateAfter[i] > 0
-		case c.name == "ewma":
+		case c.name == "ewma" || c.name == "quantile":
 			some = some || (d > 0 && !math.IsInf(d, 1) && c.params.AlphaUp*d > 0)
 		case c.name == "maxmin":
 			// Demand that rounds to a ppm of the budget or more.
@@ -181,7 +181,7 @@ func (c *propCase) keepsLast(stateAfter []float64) bool {
 	return rebalance.CheckShares(c.in.Last, c.in.Safe, false) == nil
 }
 
-var propStrategies = []string{"static", "home", "proportional", "ewma", "maxmin", "doorman-proportional", "doorman-fair"}
+var propStrategies = []string{"static", "home", "proportional", "ewma", "quantile", "maxmin", "doorman-proportional", "doorman-fair"}
 
 // TestPropertyInvariants checks every strategy but full over random input:
 // floors, Σ ≤ PPM (= PPM unless the last table is kept), the derived
@@ -290,7 +290,7 @@ func TestPropertyInvariants(t *testing.T) {
 // TestPropertyOwnDemandMonotone: for the strategies that follow demand,
 // raising only region r's demand never lowers r's share.
 func TestPropertyOwnDemandMonotone(t *testing.T) {
-	for _, name := range []string{"proportional", "ewma", "maxmin", "doorman-proportional"} {
+	for _, name := range []string{"proportional", "ewma", "quantile", "maxmin", "doorman-proportional"} {
 		t.Run(name, func(t *testing.T) {
 			rapid.Check(t, func(t *rapid.T) {
 				c := genCase(t, name)

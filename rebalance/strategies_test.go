@@ -24,7 +24,7 @@ func mustStrategy(tb testing.TB, name string, regions []string, p rebalance.Para
 }
 
 func TestStrategyNames(t *testing.T) {
-	want := []string{"doorman-fair", "doorman-proportional", "ewma", "full", "home", "maxmin", "proportional", "static"}
+	want := []string{"doorman-fair", "doorman-proportional", "ewma", "full", "home", "maxmin", "proportional", "quantile", "static"}
 	got := rebalance.StrategyNames()
 	if !slices.Equal(got, want) {
 		t.Fatalf("StrategyNames() = %q, want %q", got, want)
@@ -52,7 +52,7 @@ func TestNewStrategyErrors(t *testing.T) {
 	}{
 		{
 			name: "unknown name lists the valid ones", give: "fair",
-			wantErrs: []string{`rebalance: unknown strategy "fair" (valid: doorman-fair, doorman-proportional, ewma, full, home, maxmin, proportional, static)`},
+			wantErrs: []string{`rebalance: unknown strategy "fair" (valid: doorman-fair, doorman-proportional, ewma, full, home, maxmin, proportional, quantile, static)`},
 			wantIs:   rebalance.ErrUnknownStrategy,
 		},
 		{
@@ -208,6 +208,30 @@ func TestAllocate(t *testing.T) {
 			want: []uint32{500000, 0, 400000}, wantState: []float64{0, 0, 0}},
 		{name: "ewma without state is proportional", strategy: "ewma", params: ewma,
 			giveDemand: []float64{1, 3, 0}, want: []uint32{250000, 750000, 0}},
+		// quantile: m + z·√m per region (m in ppm of the 1,000/s budget),
+		// z where the shares fill it. Under the budget the small region
+		// gets more than its proportional 200000: z = 5·10⁵/(√4·10⁵ +
+		// √10⁵) = 527.05, so 10⁵ + 527.05·316.23 = 266667.
+		{name: "quantile gives slack to the noisy region", strategy: "quantile", params: ewma,
+			giveDemand: []float64{400, 100, 0}, want: []uint32{733333, 266667, 0}},
+		// 1.2 times over: the small region gives up more than its part
+		// (z = −2·10⁵/(√9.6·10⁵ + √2.4·10⁵) = −136.08).
+		{name: "quantile takes the excess from the noisy region", strategy: "quantile", params: ewma,
+			giveDemand: []float64{960, 240, 0}, want: []uint32{826667, 173333, 0}},
+		// Ten times over: scaled to 1.5 times first, so the small region
+		// keeps 13 % where the rule alone would leave it its floor.
+		{name: "quantile far over budget scales first", strategy: "quantile", params: ewma,
+			giveDemand: []float64{8000, 2000, 0}, want: []uint32{866667, 133333, 0}},
+		// With floors the regions with demand split what the others'
+		// floors leave: z = 4·10⁵/948.68 = 421.64.
+		{name: "quantile above the floors", strategy: "quantile", params: ewma,
+			giveDemand: []float64{400, 100, 0}, giveSafe: []uint32{100000, 100000, 100000},
+			want: []uint32{666667, 233333, 100000}},
+		{name: "quantile of equal demand splits equally", strategy: "quantile", params: ewma,
+			giveDemand: []float64{100, 100, 100}, want: []uint32{333334, 333333, 333333}},
+		{name: "quantile without demand keeps last", strategy: "quantile", params: ewma,
+			giveDemand: []float64{0, 0, 0}, giveState: []float64{0, 0, 0}, giveLast: []uint32{500000, 0, 400000},
+			want: []uint32{500000, 0, 400000}, wantState: []float64{0, 0, 0}},
 		{name: "maxmin water-fills", strategy: "maxmin",
 			giveDemand: []float64{50, 200, 2000}, giveSafe: []uint32{10000, 10000, 10000},
 			want: []uint32{50000, 200000, 750000}},

@@ -441,7 +441,7 @@ func (s *Scenario) defaults() {
 // DefaultStrategies is every Meridian strategy but home (one home region
 // for all keys is not a per-key model) and the baselines.
 func DefaultStrategies() []string {
-	return []string{"static", "proportional", "ewma", "maxmin", "doorman-proportional", "doorman-fair", "full", ReplicatedCounter}
+	return []string{"static", "proportional", "ewma", "quantile", "maxmin", "doorman-proportional", "doorman-fair", "full", ReplicatedCounter}
 }
 
 // Validate reports every problem with s, each with its field path.
