@@ -141,12 +141,12 @@ func DefaultConfig(region, agent string, regions ...string) Config {
 		Region:       region,
 		Agent:        agent,
 		Regions:      regions,
-		Interval:     5 * time.Second,        // the coordinator's default Δ
-		SafeFraction: 0.1,                    // ARCHITECTURE.md: 10 % of the budget split equally
-		Agents:       1,                      // one agent per region unless told
-		MaxKeys:      1 << 20,                // ~200 B each: about 200 MiB at the cap
-		DenyCache:    true,                   // exact, and spares Redis the hottest denied keys
-		MaxSkew:      500 * time.Millisecond, // the coordinator's default
+		Interval:     5 * time.Second,                             // the coordinator's default Δ
+		SafeFraction: 0.1,                                         // ARCHITECTURE.md: 10 % of the budget split equally
+		Agents:       1,                                           // one agent per region unless told
+		MaxKeys:      1 << 20,                                     // ~200 B each: about 200 MiB at the cap
+		DenyCache:    true,                                        // exact, and spares Redis the hottest denied keys
+		MaxSkew:      rebalance.DefaultConfig(regions...).MaxSkew, // the coordinator's default
 		// The coordinator's default Fence: booked future never outlives it.
 		MaxReserveWait: rebalance.DefaultConfig(regions...).Fence,
 		// ±10 % noise around a stationary demand lists no key (two draws

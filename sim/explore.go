@@ -154,6 +154,12 @@ func ExploreBase() *Scenario {
 		Strategies:  []string{"static", "proportional", "ewma", "maxmin", "doorman-proportional", "doorman-fair"},
 		Intervals:   []Duration{Duration(time.Second), Duration(2 * time.Second)},
 		Lease:       Duration(8 * time.Second),
+		// Twice the shipped max_skew and fence: a wider skew is the harsher
+		// test of the rules that depend on it, and the schedules the
+		// tests name (TestEpochSlotClassFixed, TestExploreClockStepsWithinSkew)
+		// were found under these.
+		MaxSkew: Duration(500 * time.Millisecond),
+		Fence:   Duration(time.Second),
 	}
 	sc.defaults()
 	return sc

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/meridian-quota/meridian/gossip/wire"
-	"github.com/meridian-quota/meridian/rebalance"
 )
 
 // exploreN is how many schedules a test runs: fewer under the race
@@ -414,7 +413,7 @@ func TestLapsedTwiceRestored(t *testing.T) {
 // stepped eu to 414 ms (us at −137 ms, MaxSkew 500 ms) and over-admitted
 // 1.3 % of a key outside the coordinator's assumptions.
 func TestExploreClockStepsWithinSkew(t *testing.T) {
-	bound := rebalance.DefaultConfig().MaxSkew / 2
+	bound := ExploreBase().MaxSkew.D() / 2
 	check := func(what string, sc *Scenario) {
 		t.Helper()
 		skews := map[string]time.Duration{}

@@ -62,7 +62,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&o.duration, "duration", time.Minute, "how long the traffic runs (real time)")
 	fs.DurationVar(&o.interval, "interval", 2*time.Second, "rebalance interval Δ")
 	fs.DurationVar(&o.lease, "lease", 10*time.Second, "how long a region runs on a table without hearing from the coordinator")
-	fs.StringVar(&o.strategy, "strategy", "ewma", "share strategy: "+strings.Join(rebalance.StrategyNames(), ", "))
+	fs.StringVar(&o.strategy, "strategy", rebalance.DefaultConfig().Strategy, "share strategy: "+strings.Join(rebalance.StrategyNames(), ", "))
 	fs.StringVar(&o.redisAddr, "redis", "", "decide on this Redis (host:port) instead of in-memory stores")
 	fs.StringVar(&o.kill, "kill", "", "kill something mid-run: coordinator@T or region:NAME@T")
 	fs.DurationVar(&o.revive, "revive", 0, "bring what --kill killed back after this long (0: never)")
