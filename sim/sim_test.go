@@ -522,6 +522,24 @@ func TestReportOutputs(t *testing.T) {
 	if n := strings.Count(csv.String(), "\n"); n != len(rep.Cells)+1 {
 		t.Errorf("CSV has %d lines, want %d", n, len(rep.Cells)+1)
 	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	// A heading, a blank line, the header and its rule, one row per
+	// strategy: each with UA and OA_budget at both intervals and P,
+	// messages and bytes at the first (the middle of two).
+	mdLines := strings.Split(strings.TrimSpace(md.String()), "\n")
+	strategies := len(rep.Cells) / 2
+	if len(mdLines) != 4+strategies || !strings.HasPrefix(mdLines[0], "**"+sc.Name+"** — use ") ||
+		!strings.HasPrefix(mdLines[2], "| strategy | UA 1s: Δ=1s | 2s | OA_budget: Δ=1s | 2s | P p99 (1s) | msg/key·region/s (1s) | B/key·region/s (1s) |") {
+		t.Errorf("markdown:\n%s", md.String())
+	}
+	for _, l := range mdLines[3:] {
+		if strings.Count(l, "|") != 9 {
+			t.Errorf("markdown row with %d cells: %s", strings.Count(l, "|")-1, l)
+		}
+	}
 	if err := rep.WriteHTML(&html); err != nil {
 		t.Fatal(err)
 	}
@@ -686,6 +704,13 @@ func TestReportSaysNever(t *testing.T) {
 	}
 	if err := rep.WriteCSV(&csv); err != nil {
 		t.Fatal(err)
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md.String(), "| never (60/100 keys never) |") || !strings.Contains(md.String(), "| converge s (1s) |") {
+		t.Errorf("markdown lacks the convergence column or ewma's never:\n%s", md.String())
 	}
 	var empty bytes.Buffer
 	if err := (&Report{Scenario: "none"}).WriteHTML(&empty); err != nil || !strings.Contains(empty.String(), "</html>") {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -355,6 +356,79 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		return err
 	}
 	_, err := fmt.Fprintf(w, "recommendation (%s): %s\n", rep.Bounds, rep.Recommendation)
+	return err
+}
+
+// WriteMarkdown writes the cells as the README's strategy tables do: a
+// heading with the recommendation, then one row per strategy with its UA
+// (1 s windows) and OA_budget at every interval of the sweep, and at the
+// middle interval (the sweep's only one, or 2 s of 1 s, 2 s and 5 s) its
+// peak ratio p99, control messages and bytes per key·region·s and, with a
+// scripted shift, its convergence.
+func (rep *Report) WriteMarkdown(w io.Writer) error {
+	var ivs []Duration
+	var strats []string
+	at := map[string]map[Duration]Cell{}
+	for _, c := range rep.Cells {
+		if !slices.Contains(ivs, c.Interval) {
+			ivs = append(ivs, c.Interval)
+		}
+		if at[c.Strategy] == nil {
+			strats = append(strats, c.Strategy)
+			at[c.Strategy] = map[Duration]Cell{}
+		}
+		at[c.Strategy][c.Interval] = c
+	}
+	slices.Sort(ivs)
+	if len(ivs) == 0 {
+		_, err := fmt.Fprintf(w, "**%s** — no cells\n", rep.Scenario)
+		return err
+	}
+	mid := ivs[(len(ivs)-1)/2]
+	var b strings.Builder
+	fmt.Fprintf(&b, "**%s** — %s\n\n", rep.Scenario, rep.Recommendation)
+	head := func(what string) {
+		for i, iv := range ivs {
+			if i == 0 {
+				fmt.Fprintf(&b, " | %s: Δ=%s", what, iv.D())
+			} else {
+				fmt.Fprintf(&b, " | %s", iv.D())
+			}
+		}
+	}
+	b.WriteString("| strategy")
+	head("UA 1s")
+	head("OA_budget")
+	fmt.Fprintf(&b, " | P p99 (%[1]s) | msg/key·region/s (%[1]s) | B/key·region/s (%[1]s)", mid.D())
+	cols := 1 + 2*len(ivs) + 3
+	if rep.Shift != 0 {
+		fmt.Fprintf(&b, " | converge s (%s)", mid.D())
+		cols++
+	}
+	b.WriteString(" |\n|" + strings.Repeat(" --- |", cols) + "\n")
+	for _, st := range strats {
+		row := at[st]
+		b.WriteString("| " + st)
+		for _, f := range []func(Cell) Stat{func(c Cell) Stat { return c.UA1s }, func(c Cell) Stat { return c.OABudget }} {
+			for _, iv := range ivs {
+				if c, ok := row[iv]; ok {
+					fmt.Fprintf(&b, " | %.1f%%", 100*f(c).Mean)
+				} else {
+					b.WriteString(" | -")
+				}
+			}
+		}
+		if c, ok := row[mid]; ok {
+			fmt.Fprintf(&b, " | %.2f | %.3f | %.1f", c.PeakP99.Mean, c.Messages.Mean, c.Bytes.Mean)
+			if rep.Shift != 0 {
+				b.WriteString(" | " + rep.conv(c))
+			}
+		} else {
+			b.WriteString(strings.Repeat(" | -", cols-1-2*len(ivs)))
+		}
+		b.WriteString(" |\n")
+	}
+	_, err := io.WriteString(w, b.String())
 	return err
 }
 

@@ -36,7 +36,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	intervals := fs.String("intervals", "", "comma-separated rebalance intervals, e.g. 1s,2s,5s (default: the scenario's)")
 	seeds := fs.Int("seeds", 0, "number of seeds, 1..N (default: the scenario's seeds)")
 	out := fs.String("out", "", "directory for report.json, cells.csv and report.html")
-	format := fs.String("format", "table", "stdout format: table, json or csv")
+	format := fs.String("format", "table", "stdout format: table, json, csv or markdown (the README's strategy tables)")
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "simulations run at once (results do not depend on it)")
 	bench := fs.Bool("bench", false, "report simulated decisions per second and peak memory instead of metrics")
 	explore := fs.Int("explore", 0, "run N random fault schedules with the safety checks after every event, shrink each failure to a scenario file, exit 1 on any (--scenario sets the base; default the explorer's own)")
@@ -52,8 +52,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "meridian sim: "+format+"\n", a...)
 		return errUsage
 	}
-	if *format != "table" && *format != "json" && *format != "csv" {
-		return usageErr("--format %q: want table, json or csv", *format)
+	if *format != "table" && *format != "json" && *format != "csv" && *format != "markdown" {
+		return usageErr("--format %q: want table, json, csv or markdown", *format)
 	}
 	if *workers < 1 {
 		return usageErr("--workers %d: must be at least 1", *workers)
@@ -170,6 +170,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return rep.WriteJSON(stdout)
 	case "csv":
 		return rep.WriteCSV(stdout)
+	case "markdown":
+		return rep.WriteMarkdown(stdout)
 	}
 	return rep.WriteTable(stdout)
 }
