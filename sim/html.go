@@ -6,6 +6,7 @@ import (
 	"html"
 	"io"
 	"math"
+	"strconv"
 	"strings"
 )
 
@@ -275,6 +276,9 @@ func compact(v float64) string {
 		return fmt.Sprintf("%.1fk", v/1e3)
 	case math.Abs(v) >= 10 || v == 0:
 		return fmt.Sprintf("%.0f", v)
+	case math.Abs(v) < 0.01:
+		// A log axis's 0.001: two decimals would print it as 0.00.
+		return strconv.FormatFloat(v, 'g', 2, 64)
 	}
 	return fmt.Sprintf("%.2f", v)
 }

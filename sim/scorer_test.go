@@ -423,3 +423,13 @@ func convergenceRun(t *testing.T, d time.Duration) Convergence {
 	}
 	return s.Result("test", time.Second).Convergence
 }
+
+// TestCompactAxisLabels: the trade-off chart's log axis starts at 0.001
+// messages for the cheapest cells; it printed that tick as "0.00".
+func TestCompactAxisLabels(t *testing.T) {
+	for v, want := range map[float64]string{0.001: "0.001", 0.0005: "0.0005", 0.01: "0.01", 0.1: "0.10", 1: "1.00", 10: "10", 0: "0", 2500: "2.5k"} {
+		if got := compact(v); got != want {
+			t.Errorf("compact(%v) = %q, want %q", v, got, want)
+		}
+	}
+}
