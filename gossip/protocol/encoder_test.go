@@ -193,7 +193,8 @@ func readsOf(inBase bool) uint32 {
 	return 0
 }
 
-// busBytes is what storing chunks costs the bus as TableEncoder counts it,
+// busBytes is what storing chunks costs the bus as TableEncoder counts it
+// (restated here, deliberately, as the yardstick its choices are held to),
 // with readers regions each holding the table stored before: an in-base
 // head is put once and read once per region; a base's messages are put
 // once and its head read once per region, and its chunks too unless its

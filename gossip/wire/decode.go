@@ -574,6 +574,20 @@ type arena struct {
 	bursts []int64
 }
 
+// readSharesOrBursts reads f, a row's or a row patch's packed shares
+// (fKsShares) or bursts (fKsBursts), once, from the arena.
+func (a *arena) readSharesOrBursts(f *field, seen *fieldSet, lim Limits, shares *[]uint32, bursts *[]int64) (why string) {
+	if why = seen.once(f, protowire.BytesType); why != "" {
+		return why
+	}
+	if f.num == fKsShares {
+		*shares, why = readPacked(f.b, "shares", lim.MaxRegions, &a.shares, toShare)
+	} else {
+		*bursts, why = readPacked(f.b, "bursts", lim.MaxRegions, &a.bursts, toBurst)
+	}
+	return why
+}
+
 func readKeyShares(ks *rebalance.KeyShares, b []byte, s string, a *arena, lim Limits) string {
 	var (
 		seen                          fieldSet
@@ -586,14 +600,8 @@ func readKeyShares(ks *rebalance.KeyShares, b []byte, s string, a *arena, lim Li
 			fr.why = seen.str(f, fr.in(s), &ks.Key)
 		case fKsVersion:
 			fr.why = seen.u64(f, &ks.Version)
-		case fKsShares:
-			if fr.why = seen.once(f, protowire.BytesType); fr.why == "" {
-				ks.Shares, fr.why = readPacked(f.b, "shares", lim.MaxRegions, &a.shares, toShare)
-			}
-		case fKsBursts:
-			if fr.why = seen.once(f, protowire.BytesType); fr.why == "" {
-				ks.Bursts, fr.why = readPacked(f.b, "bursts", lim.MaxRegions, &a.bursts, toBurst)
-			}
+		case fKsShares, fKsBursts:
+			fr.why = a.readSharesOrBursts(f, &seen, lim, &ks.Shares, &ks.Bursts)
 		case fKsRate:
 			fr.why = seen.i64(f, &rate)
 		case fKsPeriod:

@@ -394,9 +394,15 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 			fr.why = seen.u64(f, &d.BaseEpoch)
 		case fDelDigest:
 			fr.why = seen.bytes(f, &digest)
-		case fDelChanged:
+		case fDelChanged, fDelPatched:
+			// A whole row or a patch: both carry shares and bursts as
+			// fields 3 and 4, counted here to size the arena.
 			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
-				nrows++
+				if f.num == fDelChanged {
+					nrows++
+				} else {
+					npatched++
+				}
 				s, bu := countPacked(f.b)
 				nshares += s
 				nburst += bu
@@ -408,13 +414,6 @@ func decodeDelta(b []byte, regions int, lim Limits) (*Delta, error) {
 		case fDelInBase:
 			if fr.why = seen.u64(f, &inBase); fr.why == "" && inBase > 1 {
 				fr.why = fmt.Sprintf("in_base %d: a bool is 0 or 1", inBase)
-			}
-		case fDelPatched:
-			if fr.why = wantType(f, protowire.BytesType); fr.why == "" {
-				npatched++
-				s, bu := countPacked(f.b)
-				nshares += s
-				nburst += bu
 			}
 		}
 	}
@@ -507,14 +506,8 @@ func readRowPatch(p *RowPatch, b []byte, regions int, a *arena, lim Limits) stri
 			fr.why = seen.u64(f, &index)
 		case fPatStep:
 			fr.why = seen.zigzag(f, &p.Step)
-		case fKsShares:
-			if fr.why = seen.once(f, protowire.BytesType); fr.why == "" {
-				p.Shares, fr.why = readPacked(f.b, "shares", lim.MaxRegions, &a.shares, toShare)
-			}
-		case fKsBursts:
-			if fr.why = seen.once(f, protowire.BytesType); fr.why == "" {
-				p.Bursts, fr.why = readPacked(f.b, "bursts", lim.MaxRegions, &a.bursts, toBurst)
-			}
+		case fKsShares, fKsBursts:
+			fr.why = a.readSharesOrBursts(f, &seen, lim, &p.Shares, &p.Bursts)
 		}
 	}
 	switch {

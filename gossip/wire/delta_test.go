@@ -56,6 +56,19 @@ func nextTable(t *rapid.T, base *rebalance.Table) *rebalance.Table {
 	return &n
 }
 
+// deltaCase draws a base table with room for the tables after it, the
+// message size a reader accepts, and its limits.
+func deltaCase(t *rapid.T) (base *rebalance.Table, max int, lim wire.Limits) {
+	base = tableGen(t)
+	if base.Epoch > 1<<61 || base.Term > 1<<61 {
+		base.Term, base.Epoch = base.Term>>3, base.Epoch>>3
+	}
+	max = rapid.IntRange(wire.MinMessage, 8192).Draw(t, "maxMessage")
+	lim = wire.DefaultLimits()
+	lim.MaxMessage = max
+	return base, max, lim
+}
+
 // readHead decodes chunk 0 of msgs.
 func readHead(t fataler, msgs [][]byte, lim wire.Limits) *wire.TableChunk {
 	t.Helper()
@@ -66,29 +79,38 @@ func readHead(t fataler, msgs [][]byte, lim wire.Limits) *wire.TableChunk {
 	return m.Table
 }
 
+// mapField returns msg with every field num's bytes replaced by f's
+// result (a length-delimited field; nil drops it), the others as they were.
+func mapField(msg []byte, num protowire.Number, f func([]byte) []byte) pb {
+	var out pb
+	for b := msg; len(b) > 0; {
+		n, typ, k := protowire.ConsumeTag(b)
+		l := protowire.ConsumeFieldValue(n, typ, b[k:])
+		if n != num {
+			out = append(out, b[:k+l]...)
+		} else {
+			v, _ := protowire.ConsumeBytes(b[k:])
+			if w := f(v); w != nil {
+				out = out.m(num, w)
+			}
+		}
+		b = b[k+l:]
+	}
+	return out
+}
+
+// envBody returns the body of an envelope (field 4).
+func envBody(msg []byte) (body []byte) {
+	mapField(msg, 4, func(v []byte) []byte { body = v; return nil })
+	return body
+}
+
 // stripDelta re-signs chunk 0 of a delta table without its delta field:
 // the head a reader that does not know the field sees.
 func stripDelta(t fataler, head []byte) []byte {
 	t.Helper()
-	var body []byte
-	for b := head; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if num == 4 {
-			v, _ := protowire.ConsumeBytes(b[n:])
-			body = v
-		}
-		b = b[n+m:]
-	}
-	var out []byte
-	for b := body; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if num != 7 {
-			out = append(out, b[:n+m]...)
-		}
-		b = b[n+m:]
-	}
+	body := envBody(head)
+	out := mapField(body, 7, func([]byte) []byte { return nil })
 	if len(out) == len(body) {
 		t.Fatal("no delta field to strip")
 	}
@@ -101,14 +123,8 @@ func stripDelta(t fataler, head []byte) []byte {
 // head is never larger than EncodeTable's.
 func TestDeltaProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		base := tableGen(t)
-		if base.Epoch > 1<<62 || base.Term > 1<<62 {
-			base.Term, base.Epoch = base.Term>>2, base.Epoch>>2
-		}
+		base, max, lim := deltaCase(t)
 		next := nextTable(t, base)
-		max := rapid.IntRange(wire.MinMessage, 8192).Draw(t, "maxMessage")
-		lim := wire.DefaultLimits()
-		lim.MaxMessage = max
 		msgs, err := wire.EncodeTableFrom(cluster, next, base, testKey, max)
 		if err != nil {
 			t.Fatal(err)

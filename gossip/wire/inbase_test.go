@@ -23,13 +23,7 @@ func TestInBaseProperties(t *testing.T) {
 	var runs, heads int
 	rapid.Check(t, func(t *rapid.T) {
 		runs++
-		base := tableGen(t)
-		if base.Epoch > 1<<61 || base.Term > 1<<61 {
-			base.Term, base.Epoch = base.Term>>3, base.Epoch>>3
-		}
-		max := rapid.IntRange(wire.MinMessage, 8192).Draw(t, "maxMessage")
-		lim := wire.DefaultLimits()
-		lim.MaxMessage = max
+		base, max, lim := deltaCase(t)
 		stored, err := wire.EncodeTableBase(cluster, base, nil, testKey, max, 0)
 		if err != nil {
 			t.Fatal(err)
