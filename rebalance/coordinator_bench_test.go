@@ -21,7 +21,7 @@ func benchRebalance(b *testing.B, tickOnly bool) {
 		regions[i] = fmt.Sprintf("r%02d", i)
 	}
 	cfg := unitConfig(regions...)
-	cfg.Strategy = "ewma"
+	cfg.Strategy = DefaultConfig().Strategy
 	budgets := make([]Budget, keys)
 	for i := range budgets {
 		budgets[i] = budget(fmt.Sprintf("tenant-%06d", i))
