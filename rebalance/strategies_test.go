@@ -184,9 +184,25 @@ func TestAllocate(t *testing.T) {
 			giveDemand: []float64{inf, 0, 0}, giveLast: []uint32{1, 2, 3}, want: []uint32{1, 2, 3}},
 		{name: "proportional with huge demand", strategy: "proportional",
 			giveDemand: []float64{math.MaxFloat64, math.MaxFloat64, 0}, want: []uint32{500000, 500000, 0}},
-		{name: "ewma up fast, down slow in a lull", strategy: "ewma", params: ewma,
+		// The key's demand fell from 200 to 150: half of b's went to a
+		// (a moved, at once: 150) and half went away (a lull at b: 100 −
+		// 50 given back, then alpha_down 0.1 towards 0: 45). Fails on
+		// 93df13d, which smoothed both (125, 90).
+		{name: "ewma takes the moved part at once, smooths the lull", strategy: "ewma", params: ewma,
 			giveDemand: []float64{150, 0, 0}, giveState: []float64{100, 100, 0},
-			want: []uint32{581395, 418605, 0}, wantState: []float64{125, 90, 0}},
+			want: []uint32{769231, 230769, 0}, wantState: []float64{150, 45, 0}},
+		// A lull alone (no region's demand rose): b gives back slowly.
+		{name: "ewma down slow in a lull", strategy: "ewma", params: ewma,
+			giveDemand: []float64{100, 50, 0}, giveState: []float64{100, 100, 0},
+			want: []uint32{512821, 487179, 0}, wantState: []float64{100, 95, 0}},
+		// The interval that holds a move from b to a reports both: a's 120
+		// against the 110 b lost is taken at once (then alpha_up on the
+		// last 10: 115), and b gives back what a gained, keeping its 90.
+		// Fails on 93df13d: 60 and 189, a third of the share a's demand
+		// asks for.
+		{name: "ewma follows the moved part of an interval", strategy: "ewma", params: ewma,
+			giveDemand: []float64{120, 90, 0}, giveState: []float64{0, 200, 0},
+			want: []uint32{560976, 439024, 0}, wantState: []float64{115, 90, 0}},
 		// Issue 18: the key's demand did not fall (300 ≥ 100 + 100), it
 		// moved to a: b gives it back at once and a takes it at once, its
 		// demand alone being at least what both remember (fails on
@@ -196,13 +212,12 @@ func TestAllocate(t *testing.T) {
 		{name: "ewma follows a move at once", strategy: "ewma", params: ewma,
 			giveDemand: []float64{300, 0, 0}, giveState: []float64{100, 100, 0},
 			want: []uint32{1000000, 0, 0}, wantState: []float64{300, 0, 0}},
-		// Only part of b's demand moved to a (a's 180 is below the 200
-		// both remember): a lull at b as far as a's own test goes, so a
-		// gains at alpha_up while b, the others' demand (180) being below
-		// what all remember, gives back at alpha_down.
-		{name: "ewma part of a move is a lull", strategy: "ewma", params: ewma,
+		// 80 of b's 100 moved to a (a's 180 is below the 200 both
+		// remember): a takes the 80 at once, b gives the 80 back at once
+		// and smooths its last 20 towards 0 (18). (93df13d: 140, 90.)
+		{name: "ewma part of a move is a move and a lull", strategy: "ewma", params: ewma,
 			giveDemand: []float64{180, 0, 0}, giveState: []float64{100, 100, 0},
-			want: []uint32{608696, 391304, 0}, wantState: []float64{140, 90, 0}},
+			want: []uint32{909091, 90909, 0}, wantState: []float64{180, 18, 0}},
 		{name: "ewma without demand or state keeps last", strategy: "ewma", params: ewma,
 			giveDemand: []float64{0, 0, 0}, giveState: []float64{0, 0, 0}, giveLast: []uint32{500000, 0, 400000},
 			want: []uint32{500000, 0, 400000}, wantState: []float64{0, 0, 0}},
