@@ -122,8 +122,12 @@ type agentState struct {
 	// resync: a delta report came after a missed report or named an
 	// unknown key; tables ask the agent for a full report (Table.Resync).
 	resync bool
-	term   uint64
-	epoch  uint64 // acknowledged in force
+	// unnamed: a table named it and a later one did not, so it ran every
+	// row reduced meanwhile; the table that names it again gives every row
+	// a new version (see publish).
+	unnamed bool
+	term    uint64
+	epoch   uint64 // acknowledged in force
 	// fence and store: the region fence its latest acknowledgement read
 	// back from its store, and the store's identity (0: it keeps no fence).
 	fence gcra.Fence

@@ -406,8 +406,10 @@
 // (Tag arithmetic compares store epochs within 2³⁹, about 32 terms: a
 // state left unrested across 32 failovers may be read as newer.) And a
 // row an agent reduced twice under one version (two lapses) is restored
-// only by a new version: after an agent was silent for a lease less Δ, or
-// when a term starts from a table whose lease has passed, the next table
+// only by a new version: after an agent was silent for a lease less Δ,
+// when a term starts from a table whose lease has passed, or when a table
+// names again an agent a table before it stopped naming (membership
+// dropped it while it kept reporting: a false suspicion), the next table
 // gives every row a new version.
 //
 // A key whose budget changes (SetBudgets, or a term that starts from a
