@@ -154,10 +154,9 @@ func ExploreBase() *Scenario {
 		Strategies:  []string{"static", "proportional", "ewma", "maxmin", "doorman-proportional", "doorman-fair"},
 		Intervals:   []Duration{Duration(time.Second), Duration(2 * time.Second)},
 		Lease:       Duration(8 * time.Second),
-		// Twice the shipped max_skew and fence: a wider skew is the harsher
-		// test of the rules that depend on it, and the schedules the
-		// tests name (TestEpochSlotClassFixed, TestExploreClockStepsWithinSkew)
-		// were found under these.
+		// The shipped max_skew and fence, explicit: the schedules the tests
+		// name (TestEpochSlotClassFixed, TestExploreClockStepsWithinSkew)
+		// were found under these, whatever the defaults become.
 		MaxSkew: Duration(500 * time.Millisecond),
 		Fence:   Duration(time.Second),
 	}

@@ -501,3 +501,41 @@ func TestRenamedAgentRestored(t *testing.T) {
 		t.Errorf("%v", v)
 	}
 }
+
+// TestKnownFailingAtShorterFence keeps the schedules the explorer found on
+// its base at max_skew 250 ms and fence 500 ms (seed 10, shrunk), which the
+// shipped 500 ms and 1 s do not reach — why the default fence stayed 1 s
+// (rebalance.DefaultConfig). Two break Σ bursts in force (1635: a blind
+// term after a KV loss gives a region its burst while a partitioned
+// region's old table still runs, 100 ms early on the skewed clocks; 1822),
+// three report OA_budget across clock steps and partitions (262, 504,
+// 1088), which may be the meter's as much as the stores'. Each must still
+// fail here: when one passes, its defect is fixed or moved, and it belongs
+// in a regression test instead.
+func TestKnownFailingAtShorterFence(t *testing.T) {
+	want := map[string]string{
+		"explore-10-262.yaml": "safety/oa-budget", "explore-10-504.yaml": "safety/oa-budget",
+		"explore-10-1088.yaml": "safety/oa-budget", "explore-10-1635.yaml": "safety/burst",
+		"explore-10-1822.yaml": "safety/burst",
+	}
+	for name, check := range want {
+		b, err := os.ReadFile("testdata/known/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc, err := ParseScenario(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sc.MaxSkew.D() != 250*time.Millisecond || sc.Fence.D() != 500*time.Millisecond {
+			t.Fatalf("%s: max_skew %v, fence %v; the schedule was found at 250ms, 500ms", name, sc.MaxSkew.D(), sc.Fence.D())
+		}
+		vs, err := CheckScenario(sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(vs) != 1 || vs[0].Check != check {
+			t.Errorf("%s: violations %v, want one %s (fixed? move it to a regression test)", name, vs, check)
+		}
+	}
+}
