@@ -336,7 +336,7 @@ func (s *proportionalStrategy) Allocate(in *Input, out []uint32) {
 // smoothing it gave the new region half of what proportional gives it for
 // that interval. At 0.25 the simulator's migrating tenants lost 13.0 %
 // instead of 13.9 and mixed-reserve 6.8 instead of 7.9 (quantile,
-// Δ = 2 s); every other built-in scenario moved by at most 0.1 point. A
+// Δ = 2 s, fence 500 ms and max_skew 250 ms); every other built-in scenario moved by at most 0.1 point. A
 // threshold of 0.1 cost steady skew and follow-the-sun 0.1 point and 5 %
 // more bytes: Poisson noise read as moves.
 const shiftFraction = 0.25
@@ -425,7 +425,7 @@ const maxRiskPPM = 1e15
 // riskSpan is how far over its budget a key's demand is split by
 // equalRisk's rule as it is; more is scaled down to it first. At 1.5 the
 // simulator's UA is that of no scaling at all (steady-skew 1.1 %, flash
-// crowd 1.5 % at Δ = 2 s), where scaling down to the budget itself cost
+// crowd 1.5 % at Δ = 2 s, fence 500 ms), where scaling down to the budget itself cost
 // 0.3 and 0.2 points.
 const riskSpan = 1.5
 
