@@ -261,7 +261,7 @@ func TestBreakerPolicyMatchesModel(t *testing.T) {
 			},
 			"done": func(t *rapid.T) {
 				if len(pending) == 0 {
-					t.Skip("no call outstanding")
+					return // no call outstanding: nothing to report (a no-op step)
 				}
 				i := rapid.IntRange(0, len(pending)-1).Draw(t, "call")
 				c := pending[i]

@@ -79,7 +79,7 @@ func (e *TableEncoder) Encode(t *rebalance.Table, reads uint32) ([][]byte, error
 		return nil, err
 	}
 	e.next, e.nextCount, e.nextCost = t, 0, 0
-	if cost := (len(t.Regions) + 1) * len(head); head != nil && e.rent+cost < e.baseCost(chunks, len(t.Regions)) {
+	if cost := BusBytes([][]byte{head}, len(t.Regions), true); head != nil && e.rent+cost < BusBytes(chunks, len(t.Regions), false) {
 		e.nextCost = cost
 		return [][]byte{head}, nil
 	}
@@ -89,9 +89,15 @@ func (e *TableEncoder) Encode(t *rebalance.Table, reads uint32) ([][]byte, error
 	return chunks, nil
 }
 
-// baseCost is the bus bytes of storing chunks, a base, with readers
-// regions reading it.
-func (e *TableEncoder) baseCost(chunks [][]byte, readers int) int {
+// BusBytes is what storing a table's messages costs the bus as
+// TableEncoder weighs it, with readers regions each holding the table
+// stored before: an in-base head (inBase, one message) is put once and
+// read once per region; a base's messages are put once and its head read
+// once per region, and its chunks too unless its head is a delta.
+func BusBytes(chunks [][]byte, readers int, inBase bool) int {
+	if inBase {
+		return (readers + 1) * len(chunks[0])
+	}
 	rest := 0
 	for _, c := range chunks[1:] {
 		rest += len(c)

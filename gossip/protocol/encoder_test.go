@@ -193,27 +193,15 @@ func readsOf(inBase bool) uint32 {
 	return 0
 }
 
-// busBytes is what storing chunks costs the bus as TableEncoder counts it
-// (restated here, deliberately, as the yardstick its choices are held to),
-// with readers regions each holding the table stored before: an in-base
-// head is put once and read once per region; a base's messages are put
-// once and its head read once per region, and its chunks too unless its
-// head is a delta.
+// busBytes is protocol.BusBytes of chunks, an in-base head when it is one
+// message whose decoded delta says so.
 func busBytes(chunks [][]byte, readers int) int {
+	inBase := false
 	if len(chunks) == 1 && wire.IsDeltaHead(chunks[0]) {
-		if m, err := wire.Decode(cluster, chunks[0], wire.DefaultLimits(), trusted); err == nil && m.Table.Delta.InBase {
-			return (readers + 1) * len(chunks[0])
-		}
+		m, err := wire.Decode(cluster, chunks[0], wire.DefaultLimits(), trusted)
+		inBase = err == nil && m.Table.Delta.InBase
 	}
-	rest := 0
-	for _, c := range chunks[1:] {
-		rest += len(c)
-	}
-	n := len(chunks[0])*(readers+1) + rest
-	if !wire.IsDeltaHead(chunks[0]) {
-		n += readers * rest
-	}
-	return n
+	return protocol.BusBytes(chunks, readers, inBase)
 }
 
 // TestTableEncoderRents: rows that keep moving, a few new ones per table,
