@@ -395,7 +395,11 @@
 // with a share is not given: with a burst below the number of regions it
 // may be the one an old table still holds), and stays in learning mode
 // for one lease plus MaxSkew, acknowledgements or not; then every agent
-// runs its tables or has lapsed to its safe share. A key new to any term
+// runs its tables or has lapsed to its safe share. Its tables carry that
+// instant (Table.BlindUntil), and a term that starts from one of them
+// before it waits for it too, as well as for the agents the table names:
+// the older tables are as unknown to it as to the blind term, and the
+// blind rows leave them their part of the burst. A key new to any term
 // still in learning mode gets the same: its floors with only their part of
 // the burst (the stored table may lack a key an older one has — a blind
 // term's tables start with none). Row versions never go

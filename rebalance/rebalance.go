@@ -298,6 +298,9 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 		Regions: c.regions, Leases: make([]int64, n), Agents: make([][]string, n),
 		Keys: make([]KeyShares, K), Shadow: c.cfg.Shadow, Features: FeatureDeltaReports | FeatureCostDemand,
 	}
+	if c.learning && c.blindUntil > now {
+		t.BlindUntil = c.blindUntil // a later term waits for it too (StartTerm)
+	}
 	// A table names the live members (issue 17, defect 7: a report alone
 	// names no one, so an agent memberlist refuses gets no share) and
 	// every agent an earlier table named whose lease (plus skew) has not

@@ -104,6 +104,13 @@ type Table struct {
 	// the table it last applied has it. It is in the table's header, not
 	// its rows (it is not part of their digest). The coordinator sets it.
 	Features uint32
+	// BlindUntil (µs, on the coordinator's clock; 0: none) is set while
+	// the issuing term is blind: it began with no stored table to start
+	// from, so until this instant agents may still run an earlier term's
+	// tables that it never read — shares and bursts its rows do not count.
+	// A later term that starts from this table inherits the wait
+	// (Coordinator.StartTerm). In the header, like Features.
+	BlindUntil int64
 }
 
 // Table feature bits (Table.Features).

@@ -709,6 +709,8 @@ func decodeHeader(b []byte, lim Limits) (*rebalance.Table, error) {
 				fr.why = fmt.Sprintf("features %d: above 2^32-1", features)
 			}
 			t.Features = uint32(features)
+		case fHdrBlind:
+			fr.why = seen.zigzag(f, &t.BlindUntil)
 		case fHdrResync:
 			fr.why = addAgentList(f, lim, &t.Resync, "resync")
 		case fHdrAgents:

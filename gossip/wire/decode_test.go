@@ -83,6 +83,9 @@ func TestDecodeRefuses(t *testing.T) {
 			return h
 		}()), "more than 64 regions"},
 		{"effective too late", tab0(pb(nil).z(2, 1<<52).s(4, "eu").packed(5, 2).m(6, nil)), "outside [0, 2^52)"},
+		{"blind until too late", tab0(pb(nil).s(4, "eu").packed(5, 2).m(6, nil).z(9, 1<<52)), "blind until 4503599627370496µs outside [0, 2^52)"},
+		{"blind until negative", tab0(pb(nil).s(4, "eu").packed(5, 2).m(6, nil).z(9, -1)), "blind until -1µs outside [0, 2^52)"},
+		{"blind until twice", tab0(pb(nil).s(4, "eu").packed(5, 2).m(6, nil).z(9, 1).z(9, 2)), "field 9 given twice"},
 		{"no header in chunk 0", tab(pb(nil).f32(4, 1)), "table chunk 0: no header"},
 		{"header in chunk 1", tab(pb(nil).f32(3, 1).f32(4, 2).m(5, headerBody("eu"))), "table chunk 1: a header outside chunk 0"},
 		{"group in a row", tab0(headerBody("eu"), row("k", 1).m(0, nil)), "invalid field number"},

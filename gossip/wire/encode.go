@@ -83,6 +83,7 @@ const (
 	fHdrAgents    = 6
 	fHdrFeatures  = 7
 	fHdrResync    = 8
+	fHdrBlind     = 9
 
 	// AgentList
 	fAgentNames = 1
@@ -424,7 +425,7 @@ func headerSize(t *rebalance.Table) int {
 	for _, a := range t.Resync {
 		n += sizeElem(agentListSize(a))
 	}
-	return n + sizeU(uint64(t.Features))
+	return n + sizeU(uint64(t.Features)) + sizeS(t.BlindUntil)
 }
 
 func b2u(b bool) uint64 {
@@ -494,7 +495,8 @@ func appendHeader(b []byte, t *rebalance.Table) []byte {
 			b = appendElem(b, fAgentNames, a)
 		}
 	}
-	return appendU(b, fHdrFeatures, uint64(t.Features))
+	b = appendU(b, fHdrFeatures, uint64(t.Features))
+	return appendS(b, fHdrBlind, t.BlindUntil)
 }
 
 // appendPacked appends v as a packed field of varints (nothing when
@@ -580,6 +582,8 @@ func checkHeader(t *rebalance.Table, lim Limits) error {
 		return fmt.Errorf("%d resync lists for %d regions", len(t.Resync), nr)
 	case t.Issued < 0 || t.Issued >= gcra.MaxTime || t.Effective < 0 || t.Effective >= gcra.MaxTime:
 		return fmt.Errorf("issued %dµs or effective %dµs outside [0, 2^52)", t.Issued, t.Effective)
+	case t.BlindUntil < 0 || t.BlindUntil >= gcra.MaxTime:
+		return fmt.Errorf("blind until %dµs outside [0, 2^52)", t.BlindUntil)
 	case len(t.PolicyVersion) > lim.MaxName:
 		return fmt.Errorf("policy version of %d bytes, above the limit of %d", len(t.PolicyVersion), lim.MaxName)
 	}

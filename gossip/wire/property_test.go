@@ -63,7 +63,8 @@ func tableGen(t *rapid.T) *rebalance.Table {
 	tb := &rebalance.Table{Term: rapid.Uint64().Draw(t, "term"), Epoch: rapid.Uint64().Draw(t, "epoch"),
 		Issued: rapid.Int64Range(0, gcra.MaxTime-1).Draw(t, "issued"), Effective: rapid.Int64Range(0, gcra.MaxTime-1).Draw(t, "effective"),
 		PolicyVersion: rapid.StringMatching(`[a-f0-9]{0,64}`).Draw(t, "policy"), Regions: regions,
-		Leases: make([]int64, R), Agents: make([][]string, R), Features: rapid.Uint32().Draw(t, "features")}
+		Leases: make([]int64, R), Agents: make([][]string, R), Features: rapid.Uint32().Draw(t, "features"),
+		BlindUntil: rapid.OneOf(rapid.Just(int64(0)), rapid.Int64Range(0, gcra.MaxTime-1)).Draw(t, "blind until")}
 	for r := range R {
 		tb.Leases[r] = rapid.Int64Range(0, gcra.MaxTime-1).Draw(t, "lease")
 		if a := rapid.SliceOfNDistinct(nameGen, 0, 5, rapid.ID[string]).Draw(t, "agents"); len(a) > 0 {

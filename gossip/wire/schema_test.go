@@ -191,6 +191,7 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 
 	tb := testTable(len(budgets), 8, "ap", "eu", "us")
 	tb.Features, tb.Resync = wire.CoordDeltaReports, [][]string{nil, {"eu-2", "eu-3"}, nil}
+	tb.BlindUntil = 8_250_000
 	tmsgs, _ := wire.EncodeTable(cluster, tb, testKey, wire.DefaultMaxMessage)
 	env = unmarshal(t, file, "Envelope", tmsgs[0])
 	check("signature length", len(get(env, "signature").([]byte)), 64)
@@ -202,6 +203,7 @@ func TestSchemaMatchesEncoding(t *testing.T) {
 		[]any{tb.Issued, tb.Effective, tb.PolicyVersion})
 	check("regions", get(h, "regions"), []any{"ap", "eu", "us"})
 	check("header features", get(h, "features"), uint64(wire.CoordDeltaReports))
+	check("blind until", get(h, "blind_until"), tb.BlindUntil)
 	resync := get(h, "resync").([]any)
 	check("resync lists", len(resync), 3)
 	check("resync", get(resync[1].(protoreflect.Message), "names"), []any{"eu-2", "eu-3"})
