@@ -279,9 +279,15 @@ func (c *Coordinator) apply(p *rekey) {
 	// added later, so a key added again continues above it (its region
 	// state may outlive it; gcra epoch tags must move forward) — one
 	// number, where a map of removed keys grew with every key that left.
-	p.limit = p.limit[:0]
+	p.limit, p.was = p.limit[:0], p.was[:0]
 	for i, o := range p.from {
-		p.limit = append(p.limit, o >= 0 && p.repl[i] && c.budgets[o].Limit != p.with[i].Limit)
+		changed := o >= 0 && p.repl[i] && c.budgets[o].Limit != p.with[i].Limit
+		p.limit = append(p.limit, changed)
+		was := gcra.Limit{}
+		if changed {
+			was = c.budgets[o].Limit
+		}
+		p.was = append(p.was, was)
 	}
 	for o, ni := range p.to {
 		if ni < 0 {
@@ -339,12 +345,21 @@ func (c *Coordinator) apply(p *rekey) {
 			c.version[i] = max(c.retiredFloor, c.vbase)
 			c.rows[i], c.stamp[i] = KeyShares{}, 0
 		case p.limit[i]:
-			// Bursts split afresh from the shares under the new budget;
-			// mid-transition the shares in force sum below PPM, so only
-			// their part of it (splitHeld).
+			// Each region's burst is what its agents make of the one in
+			// force under the new budget (ShrunkBurst: a smaller budget
+			// takes every burst down with it, a larger one raises none),
+			// not a split afresh: the split may raise one region's burst
+			// while it lowers another's, a move only the next rebalance
+			// may make, break before make (explorer schedule 1822 of seed
+			// 10 at max_skew 250 ms, fence 500 ms: a budget cut from 33 to
+			// 8 left eu 6, us 1 and ap 0 in force; the split, 5, 2 and 1,
+			// raised us and ap at once while eu's store, 120 ms behind,
+			// still ran 6 — Σ bursts 9 of 8).
 			for _, pr := range pairs {
 				if pr.s != nil && pr.b != nil {
-					splitHeld(b.Limit, pr.s[lo:hi], c.safe, pr.b[lo:hi])
+					for j := lo; j < hi; j++ {
+						pr.b[j] = ShrunkBurst(pr.b[j], p.was[i].Burst(), b.Limit.Burst())
+					}
 				}
 			}
 			// A key whose budget changes while its increase waits gives
@@ -641,13 +656,23 @@ func (c *Coordinator) adopt(t *Table) {
 			c.version[k] = ks.Version
 		} else {
 			// The budget changed since the stored table (a policy
-			// reload before the term began): the bursts are split
-			// afresh and the row gets a new version, as SetBudgets gives
-			// it, so that agents apply the new limits as a change rather
-			// than keep the stored version's (explorer schedule 7961 of
-			// seed 1: a region kept the old burst scaled down, 6 where
-			// the table said 5, and Σ bursts reached 9 of 8).
-			splitHeld(c.budgets[k].Limit, row, c.safe, brow)
+			// reload before the term began): the row gets a new version,
+			// as SetBudgets gives it, so that agents apply the new
+			// limits as a change rather than keep the stored version's
+			// (explorer schedule 7961 of seed 1: a region kept the old
+			// burst scaled down, 6 where the table said 5, and Σ bursts
+			// reached 9 of 8), and its bursts are the stored ones as the
+			// agents shrink them (ShrunkBurst; apply says why not a
+			// split afresh).
+			if len(ks.Bursts) == len(t.Regions) {
+				for i, r := range t.Regions {
+					if ri, ok := c.ridx[r]; ok {
+						brow[ri] = ShrunkBurst(ks.Bursts[i], ks.Budget.Burst(), c.budgets[k].Limit.Burst())
+					}
+				}
+			} else {
+				splitHeld(c.budgets[k].Limit, row, c.safe, brow)
+			}
 			c.version[k] = ks.Version + 1
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/meridian-quota/meridian/gcra"
 )
 
 // A rekey moves the coordinator's per-key state from one sorted key set to
@@ -25,8 +27,10 @@ type rekey struct {
 	// the zero Budget elsewhere).
 	repl []bool
 	with []Budget
-	// limit: per new index, whether a kept key's limit changed (apply).
+	// limit: per new index, whether a kept key's limit changed (apply),
+	// and was its limit before.
 	limit []bool
+	was   []gcra.Limit
 }
 
 // plan merges the sorted current keys with upd, sorted budgets for keys

@@ -233,6 +233,22 @@ func SafeBurst(burst int64, ppm uint32, regions int) int64 {
 	return mulDivPPM(burst, ppm)
 }
 
+// ShrunkBurst is a regional burst b under a global burst from, taken to a
+// global burst to: floor(b·to/from) when to is smaller, b otherwise — the
+// part of the new budget a region whose burst was that part of the old one
+// runs until a table splits the new one. Bursts that summed to at most
+// from sum to at most to. Agents shrink their limits in force by it on a
+// policy reload; the coordinator counts them so.
+func ShrunkBurst(b, from, to int64) int64 {
+	if b <= 0 || from <= 0 || to >= from {
+		return b
+	}
+	to = max(to, 0)
+	hi, lo := bits.Mul64(uint64(b), uint64(to))
+	q, _ := bits.Div64(hi, lo, uint64(from)) // b·to/from < b: no overflow
+	return int64(q)
+}
+
 // mulDivPPM is floor(x·ppm/10⁶) for 0 ≤ x and ppm ≤ 10⁶, without
 // overflow.
 func mulDivPPM(x int64, ppm uint32) int64 {

@@ -490,11 +490,7 @@ func shrunk(l, from, to gcra.Limit) gcra.Limit {
 		}
 		t = int64(q)
 	}
-	if fb, tb := from.Burst(), to.Burst(); tb < fb {
-		hi, lo := bits.Mul64(uint64(b), uint64(tb))
-		q, _ := bits.Div64(hi, lo, uint64(fb)) // b·tb/fb < b: no overflow
-		b = int64(q)
-	}
+	b = rebalance.ShrunkBurst(b, from.Burst(), to.Burst())
 	if b <= 0 {
 		return gcra.Limit{}
 	}

@@ -504,6 +504,22 @@ func TestBlindWaitInherited(t *testing.T) {
 	}
 }
 
+// TestBudgetCutShrinksFirst replays explorer seed 10's schedule 1822, shrunk,
+// at max_skew 250 ms and fence 500 ms: a policy reload cuts a key's budget
+// from burst 33 to 8; the agents shrink what they run to eu 6, us 1 and ap
+// 0, and the coordinator's next table split the new burst afresh — 5, 2
+// and 1 — raising us and ap at its effective time while eu's store, 120 ms
+// behind, still ran 6: Σ bursts 9 of 8. Fails on 4487eb9; the coordinator
+// now counts the bursts as the agents shrink them (rebalance.ShrunkBurst)
+// and the next rebalance moves them, break before make. rebalance's
+// TestBudgetCutLowersBeforeItRaises is the unit form.
+func TestBudgetCutShrinksFirst(t *testing.T) {
+	sc := replayClean(t, "testdata/explore-10-1822-budget-cut.yaml")
+	if len(sc.Faults.PolicyReloads) != 1 {
+		t.Errorf("the schedule has %d policy reloads, want the 1 it was shrunk to", len(sc.Faults.PolicyReloads))
+	}
+}
+
 // replayClean replays the explorer's shrunk schedule in file with its
 // checks and fails the test on any violation.
 func replayClean(t *testing.T, file string) *Scenario {
@@ -529,9 +545,8 @@ func replayClean(t *testing.T, file string) *Scenario {
 // TestKnownFailingAtShorterFence keeps the schedules the explorer found on
 // its base at max_skew 250 ms and fence 500 ms (seed 10, shrunk), which the
 // shipped 500 ms and 1 s do not reach — why the default fence stayed 1 s
-// (rebalance.DefaultConfig). One breaks Σ bursts in force (1822; 1635, a
-// blind term's wait its successor dropped, is fixed: TestBlindWaitInherited),
-// three report OA_budget across clock steps and partitions (262, 504,
+// (rebalance.DefaultConfig). Two that broke Σ bursts in force are fixed
+// (TestBlindWaitInherited, TestBudgetCutShrinksFirst); three report OA_budget across clock steps and partitions (262, 504,
 // 1088), which may be the meter's as much as the stores'. Each must still
 // fail here: when one passes, its defect is fixed or moved, and it belongs
 // in a regression test instead.
@@ -539,7 +554,6 @@ func TestKnownFailingAtShorterFence(t *testing.T) {
 	want := map[string]string{
 		"explore-10-262.yaml": "safety/oa-budget", "explore-10-504.yaml": "safety/oa-budget",
 		"explore-10-1088.yaml": "safety/oa-budget",
-		"explore-10-1822.yaml": "safety/burst",
 	}
 	for name, check := range want {
 		b, err := os.ReadFile("testdata/known/" + name)
