@@ -48,6 +48,12 @@ type yardstick struct {
 type keyM struct {
 	offered, admitted, oracle int64 // cost units
 	meterTAT, nonconf         int64 // OA_budget's conformance meter
+	// stepCredit (meter µs) is what forward clock steps of the regions in
+	// stepRegions handed the key's stores and the meter has not yet used,
+	// usable until stepUntil (µs), which each of their admits moves to
+	// stepHold after it: see Run.creditClockStep.
+	stepCredit, stepUntil, stepHold int64
+	stepRegions                     uint64
 	disagree, requests        int64 // requests decided otherwise than the oracle; requests
 }
 
@@ -196,7 +202,21 @@ func (m *metrics) served(i, ri int, cost int64, oracle bool, t int64) {
 	km.admitted += cost
 	// OA_budget: the admitted stream through GCRA(rate, burst) as a
 	// conformance meter; non-conforming admits do not advance it.
-	if next, res, err := gcra.Allow(m.budgets[i], km.meterTAT, t, cost); err == nil && res.Allowed {
+	next, res, err := gcra.Allow(m.budgets[i], km.meterTAT, t, cost)
+	if km.stepCredit > 0 && t > km.stepUntil {
+		km.stepCredit = 0
+	}
+	if (err != nil || !res.Allowed) && km.stepCredit > 0 {
+		// A clock step's refill, banked: the store kept it in its state
+		// while the meter may have rested since (creditClockStep).
+		km.meterTAT = max(0, km.meterTAT-km.stepCredit)
+		km.stepCredit = 0
+		next, res, err = gcra.Allow(m.budgets[i], km.meterTAT, t, cost)
+	}
+	if km.stepCredit > 0 && ri < 64 && km.stepRegions&(1<<ri) != 0 {
+		km.stepUntil = max(km.stepUntil, t+km.stepHold) // its store has not rested
+	}
+	if err == nil && res.Allowed {
 		km.meterTAT = next
 	} else {
 		km.nonconf += cost
