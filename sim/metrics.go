@@ -54,7 +54,7 @@ type keyM struct {
 	// stepHold after it: see Run.creditClockStep.
 	stepCredit, stepUntil, stepHold int64
 	stepRegions                     uint64
-	disagree, requests        int64 // requests decided otherwise than the oracle; requests
+	disagree, requests              int64 // requests decided otherwise than the oracle; requests
 }
 
 // keySeries is one top key's per-second series.
