@@ -812,11 +812,11 @@ func TestMetricsAlertExpressions(t *testing.T) {
   meridian_coordinator_term{` + a("eu-1") + `} 1x10 2x10 3x10 4x10 5x20
   meridian_coordinator_term{` + a("us-1") + `} 1x10 2x10 3x40`, nil, []string{""}},
 		// The coordinator (on eu-1) measures each region's store clock: ap
-		// stays 600 ms behind, us touched it once; the target's own region
+		// stays 300 ms behind, us touched it once; the target's own region
 		// label is kept, the gauge's renamed exported_region.
 		{"MeridianClockSkew", `
-  meridian_coordinator_clock_skew_seconds{` + a("eu-1") + `, exported_region="ap"} -0.6x60
-  meridian_coordinator_clock_skew_seconds{` + a("eu-1") + `, exported_region="us"} 0.05x50 0.6x2 0.05x8
+  meridian_coordinator_clock_skew_seconds{` + a("eu-1") + `, exported_region="ap"} -0.3x60
+  meridian_coordinator_clock_skew_seconds{` + a("eu-1") + `, exported_region="us"} 0.05x50 0.3x2 0.05x8
   meridian_coordinator_clock_skew_seconds{` + a("eu-1") + `, exported_region="eu"} 0x60`, []string{"exported_region"}, []string{"ap"}},
 		{"MeridianCoordinatorFenced", `
   meridian_coordinator_fenced_total{` + a("eu-1") + `} 0x40 1x20

@@ -95,7 +95,7 @@
 // at least once every MaxSkew: the coordinator reassigns a lapsed region's
 // share no sooner than its lease plus MaxSkew, and the increase takes
 // effect Fence (at least 2·MaxSkew) after that. (The agent ticks every
-// 100 ms against a default MaxSkew of 500 ms; the simulator's transition
+// 100 ms against a default MaxSkew of 250 ms; the simulator's transition
 // world ticks every Δ/50 with MaxSkew at least that.)
 //
 // Once the table in force says its coordinator reads them

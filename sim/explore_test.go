@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meridian-quota/meridian/gossip/wire"
+	"github.com/meridian-quota/meridian/rebalance"
 )
 
 // exploreN is how many schedules a test runs: fewer under the race
@@ -558,4 +559,22 @@ func TestClockStepBanked(t *testing.T) {
 			t.Errorf("%s: clock steps %v, want the one forward step it was shrunk to", name, sc.Faults.ClockSteps)
 		}
 	}
+}
+
+// TestExploreShipped explores seed 10 on the explorer's base at the
+// shipped max_skew and fence (rebalance.DefaultConfig), not the base's
+// wider ones: the shorter settings found defects the wider ones hid
+// (TestBlindWaitInherited, TestBudgetCutShrinksFirst, TestClockStepBanked).
+func TestExploreShipped(t *testing.T) {
+	base := ExploreBase()
+	def := rebalance.DefaultConfig()
+	base.MaxSkew, base.Fence = Duration(def.MaxSkew), Duration(def.Fence)
+	rep, err := Explore(ExploreOptions{Base: base, N: exploreN(300, 12), Seed: 10, Workers: 2, MaxShrinkRuns: exploreN(100, 3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range rep.Failures {
+		t.Errorf("schedule %d: %v, shrunk to %d events:\n%s", f.Schedule, f.Shrunk.Error(), f.Events, f.YAML)
+	}
+	t.Logf("%d schedules at max_skew %v, fence %v: %d checks, %d failures", rep.Schedules, def.MaxSkew, def.Fence, rep.Checks, len(rep.Failures))
 }

@@ -672,8 +672,8 @@ func TestClusterShift(t *testing.T) {
 
 // TestClusterShiftShipped is issue 18's must-hold 4: the move of
 // TestClusterShift — a 100/s tenant's traffic goes from eu to ap — on a
-// cluster running the shipped coordinator settings (Δ 2 s, fence 1 s, max
-// skew 500 ms, lease 30 s, the default strategy and hysteresis). It
+// cluster running the shipped coordinator settings (Δ 2 s, fence 500 ms,
+// max skew 250 ms, lease 30 s, the default strategy and hysteresis). It
 // reports the time until ap holds 80 % of the tenant's budget against the
 // issue's target of 2Δ + 1 s, polled with a deadline that only guards
 // against a cluster that never converges, and checks the merged log of

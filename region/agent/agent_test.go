@@ -461,7 +461,7 @@ func TestReserveAndAdminViews(t *testing.T) {
 		}
 		return resp.StatusCode, out
 	}
-	one := `{"domain": "api", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}], "max_wait_ms": 1000}`
+	one := `{"domain": "api", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}], "max_wait_ms": 500}`
 	// 5/s burst 3: three at once, then slots 200 ms apart.
 	for i := range 5 {
 		code, out := post(one)
@@ -472,14 +472,14 @@ func TestReserveAndAdminViews(t *testing.T) {
 			t.Errorf("fifth reservation waits %.1f ms, want about 400", out.WaitMs)
 		}
 	}
-	if code, out := post(strings.Replace(one, "1000", "50", 1)); code != 200 || out.Booked || out.RetryAfterMs <= 50 {
+	if code, out := post(strings.Replace(one, "500", "50", 1)); code != 200 || out.Booked || out.RetryAfterMs <= 50 {
 		t.Errorf("beyond max_wait: %d %+v, want refused with a retry-after", code, out)
 	}
 	two := `{"domain": "api", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}, {"entries": [{"key": "tenant", "value": "acme"}, {"key": "route", "value": "/search"}]}], "max_wait_ms": 10}`
 	if code, _ := post(two); code != http.StatusUnprocessableEntity {
 		t.Errorf("composite reserve: %d, want 422", code)
 	}
-	if code, _ := post(strings.Replace(one, "1000", "-1", 1)); code != 400 {
+	if code, _ := post(strings.Replace(one, "500", "-1", 1)); code != 400 {
 		t.Errorf("negative max_wait: %d, want 400", code)
 	}
 	var tv TableView

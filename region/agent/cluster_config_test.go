@@ -20,10 +20,10 @@ func TestClusterConfig(t *testing.T) {
 		{"unknown field", "cluster: {name: c, natz: {}}\n", "field natz not found"},
 		// Fails on 2023668: accepted (only rebalance's Validate, at start,
 		// checked the fence against the lease, and not against the skew).
-		{"fence below twice the skew", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K, fence: 900ms}}\n", "cluster.coordinator.fence: 900ms: must be at least twice max_skew (500ms)"},
+		{"fence below twice the skew", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K, fence: 400ms}}\n", "cluster.coordinator.fence: 400ms: must be at least twice max_skew (250ms)"},
 		{"report change of 1", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K}, reports: {change: 1}}\n", "cluster.reports.change: 1: must be in (0, 1)"},
 		{"negative report refresh", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K}, reports: {refresh: -1s}}\n", "cluster.reports.refresh: -1s"},
-		{"skew above half the default fence", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K, max_skew: 1500ms}}\n", "cluster.coordinator.fence: 1s: must be at least twice max_skew (1.5s)"},
+		{"skew above half the default fence", "cluster: {name: c, nats: {urls: [nats://x]}, members: {bind: 127.0.0.1:7946, allow_plaintext: true}, coordinator: {verify_keys_env: K, max_skew: 1500ms}}\n", "cluster.coordinator.fence: 500ms: must be at least twice max_skew (1.5s)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
