@@ -98,10 +98,10 @@
 //     away in proportion first, so a heavily oversubscribed key keeps
 //     every region with demand above its floor (a key ten times over with
 //     80/20 demand splits 86.7/13.3; proportional 80/20). Against ewma at
-//     Δ = 2 s it lost 1.1 % where ewma lost 1.7 under steady skew, 1.8
-//     against 2.2 in a flash crowd and 1.6 against 2.1 in a retry storm,
-//     and it was within 0.1 point of ewma or better in every built-in
-//     scenario at Δ = 1, 2 and 5 s (README, Choosing a strategy). Raising
+//     Δ = 2 s it lost 1.1 % where ewma lost 1.8 under steady skew, 1.5
+//     against 2.0 in a flash crowd and 1.6 against 2.0 in a retry storm,
+//     and it was better or equal in every built-in scenario at Δ = 1, 2
+//     and 5 s (README, Choosing a strategy). Raising
 //     one region's demand never lowers its share (at a fixed z its target
 //     grows, and z falls only as far as the sum needs). Reference: the
 //     square-root staffing rule of queueing (Halfin and Whitt), applied to

@@ -157,7 +157,7 @@ func ExploreBase() *Scenario {
 		// Twice the shipped max_skew and fence: the schedules the tests
 		// name (TestEpochSlotClassFixed, TestExploreClockStepsWithinSkew)
 		// were found under these. Not the harsher test on its own — at
-		// the shipped 250 ms / 500 ms seed 10 found five defects these
+		// the shipped 250 ms / 500 ms seed 10 found three defects these
 		// hid — so TestExploreShipped runs the shipped settings too.
 		MaxSkew: Duration(500 * time.Millisecond),
 		Fence:   Duration(time.Second),
