@@ -129,6 +129,16 @@ func TestStartTermUnderANewBudgetGivesANewVersion(t *testing.T) {
 	}
 }
 
+// observeHome reports key k's demand for the interval that closed at now
+// (a whole second): 800 in a, its home, and 100 in b and in c.
+func observeHome(t *testing.T, c *Coordinator, now int64) {
+	t.Helper()
+	i := now/sec - 1
+	observe(t, c, "a", "a1", i, now, map[string]int64{"k": 800})
+	observe(t, c, "b", "b1", i, now, map[string]int64{"k": 100})
+	observe(t, c, "c", "c1", i, now, map[string]int64{"k": 100})
+}
+
 // A later term with no stored table (the bucket was lost, or its head
 // could not be verified) publishes the floors, with only their part of
 // each burst, under versions above any an earlier term gave, and raises
@@ -162,10 +172,7 @@ func TestBlindTermWaitsALease(t *testing.T) {
 	raised := int64(-1)
 	for now := int64(sec); now <= wait+3*sec; now += sec / 10 {
 		if now%sec == 0 {
-			i := now/sec - 1
-			observe(t, c, "a", "a1", i, now, map[string]int64{"k": 800})
-			observe(t, c, "b", "b1", i, now, map[string]int64{"k": 100})
-			observe(t, c, "c", "c1", i, now, map[string]int64{"k": 100})
+			observeHome(t, c, now)
 		}
 		c.Tick(now)
 		for _, tb := range take(c) {
@@ -248,10 +255,7 @@ func TestBlindWaitOutlivesItsTerm(t *testing.T) {
 	}
 	for now := start + sec/10; now <= wait+4*sec; now += sec / 10 {
 		if now%sec == 0 {
-			i := now/sec - 1
-			observe(t, next, "a", "a1", i, now, map[string]int64{"k": 800})
-			observe(t, next, "b", "b1", i, now, map[string]int64{"k": 100})
-			observe(t, next, "c", "c1", i, now, map[string]int64{"k": 100})
+			observeHome(t, next, now)
 		}
 		next.Tick(now)
 		for _, tb := range take(next) {
