@@ -521,6 +521,24 @@ func TestBudgetCutShrinksFirst(t *testing.T) {
 	}
 }
 
+// TestForgottenAgentRestored replays explorer seed 16's schedule 2630,
+// shrunk, at the shipped max_skew and fence with a 10 % hysteresis: us-1,
+// the coordinator's agent, crashes and comes back unnamed (a row reduced
+// once), then is partitioned past its lease (reduced twice under one
+// version) for long enough that the coordinator forgets it; membership
+// names it again before it reports, and nothing gave the rows a new
+// version — a key whose shares no longer moved by 10 % stayed at us-1's
+// safe share (liveness/converge, 33,333 ppm where its table said
+// 121,677). Fails on 6089d1c; a table that names an agent the coordinator
+// keeps no state for, and the table before did not name, now re-versions
+// every row (rebalance's TestForgottenAgentNamedAgainRestores).
+func TestForgottenAgentRestored(t *testing.T) {
+	sc := replayClean(t, "testdata/explore-16-2630-forgotten.yaml")
+	if len(sc.Faults.Partitions) != 1 || len(sc.Faults.AgentCrash) != 1 {
+		t.Errorf("the schedule has %d partitions and %d crashes, want the 1 and 1 it was shrunk to", len(sc.Faults.Partitions), len(sc.Faults.AgentCrash))
+	}
+}
+
 // replayClean replays the explorer's shrunk schedule in file with its
 // checks and fails the test on any violation.
 func replayClean(t *testing.T, file string) *Scenario {
