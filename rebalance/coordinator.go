@@ -805,7 +805,11 @@ func (c *Coordinator) agent(k agentKey) (*agentState, error) {
 		return nil, fmt.Errorf("%w: %s/%s: region %q already has %d agents that are not members (MaxAgentsPerRegion)",
 			ErrTooManyAgents, k.region, k.agent, k.region, c.perRegion[c.ridx[k.region]])
 	}
-	a = &agentState{interval: math.MinInt64}
+	// An agent the latest table does not name — new, or forgotten once it
+	// fell silent and no table named it — may have run rows reduced under
+	// their versions meanwhile: the table that names it gives every row a
+	// new version (publish), as for one a table stopped naming.
+	a = &agentState{interval: math.MinInt64, unnamed: c.latest != nil && !slices.Contains(c.prevAgents(c.ridx[k.region]), k.agent)}
 	c.agents[k] = a
 	if !c.members[k] {
 		c.perRegion[c.ridx[k.region]]++

@@ -1,6 +1,7 @@
 package rebalance
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -151,13 +152,22 @@ func TestDroppedMemberStillCountsInTheWait(t *testing.T) {
 // An agent the coordinator forgot — out of membership, silent past its
 // lease, no table naming it — may have run rows reduced twice under their
 // versions meanwhile (unnamed, then lapsed), and such a row stays reduced
-// until its version moves. When a table names it again before it has
-// reported, that table gives every row a new version, as one naming again
-// an agent it remembers does. Fails on 6089d1c (explorer schedule 2630 of
-// seed 16 at the shipped settings with a 10 % hysteresis: the key's shares
-// no longer moved, so its version never did, and us-1 ran it at its safe
-// share 14 s after the partition healed).
+// until its version moves. The table that names it again gives every row
+// a new version, as one naming again an agent it remembers does — whether
+// the agent reported before membership named it or not. Fails on 6089d1c
+// (both cases) and on 7035a51 (reports first), explorer schedule 2630 of
+// seed 16 at the shipped settings with a 10 % hysteresis: the key's
+// shares no longer moved, so its version never did, and us-1 ran it at its
+// safe share 14 s after the partition healed.
 func TestForgottenAgentNamedAgainRestores(t *testing.T) {
+	for _, reportsFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reports first %v", reportsFirst), func(t *testing.T) {
+			forgottenAgentNamedAgain(t, reportsFirst)
+		})
+	}
+}
+
+func forgottenAgentNamedAgain(t *testing.T, reportsFirst bool) {
 	cfg := unitConfig("a", "b", "c")
 	c := mustCoordinator(t, cfg, budget("k"))
 	all := []Member{{"a", "a1"}, {"b", "b1"}, {"c", "c1"}}
@@ -191,6 +201,12 @@ func TestForgottenAgentNamedAgainRestores(t *testing.T) {
 	step(3*sec+int64((cfg.Lease+cfg.MaxSkew)/time.Microsecond)+int64(cfg.StaleAfter+2)*sec, "a", "b")
 	if _, ok := c.agents[agentKey{"c", "c1"}]; ok {
 		t.Fatal("setup: c1 is still remembered")
+	}
+	if reportsFirst {
+		now += sec / 10
+		observe(t, c, "c", "c1", now/sec-1, now, map[string]int64{})
+		c.Tick(now)
+		take(c)
 	}
 	before := c.Latest()
 	if err := c.MemberChange(all); err != nil {

@@ -352,15 +352,16 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 	// row a new version. (Explorer seed 9, schedule 176, under the shipped
 	// max_skew and fence: two suspicions of us-1 left it at its safe share
 	// of a key its table gave 66 %, 11 s after the last one healed.) So
-	// does a table that names an agent the table before did not and of
-	// which the coordinator keeps no state: new to it, or forgotten once
-	// its reports went stale and no table named it — when it may as well
-	// have run rows reduced twice (explorer schedule 2630 of seed 16 at
-	// max_skew 250 ms, fence 500 ms and a 10 % hysteresis: us-1 came back
-	// from a crash unnamed, then lapsed in a partition long enough to be
-	// forgotten; named again by membership before it reported, it ran a
-	// key whose shares no longer moved by 10 % at its safe share, 33,333
-	// ppm where its table said 121,677, 14 s after the partition healed).
+	// does a table that names an agent the table before did not and that
+	// the coordinator had forgotten — once its reports went stale and no
+	// table named it — whether it has reported since (agent marks it
+	// unnamed) or not (no state): it may as well have run rows reduced
+	// twice (explorer schedule 2630 of seed 16 at max_skew 250 ms, fence
+	// 500 ms and a 10 % hysteresis: us-1 came back from a crash unnamed,
+	// then lapsed in a partition long enough to be forgotten, and reported
+	// before membership named it again; it ran a key whose shares no
+	// longer moved by 10 % at its safe share, 33,333 ppm where its table
+	// said 121,677, 14 s after the partition healed).
 	for r := range n {
 		prev := c.prevAgents(r)
 		for _, a := range prev {
