@@ -472,70 +472,63 @@ func TestClockStepForwardCredited(t *testing.T) {
 	passSeed1(t, nil, 4885)
 }
 
-// TestRenamedAgentRestored replays explorer seed 9's schedule 176, shrunk,
-// under the shipped max_skew (250 ms) and fence (500 ms): membership
-// suspects us-1 twice while it keeps reporting, each time long enough
-// that the tables stop naming it, so it runs every row reduced twice under
-// one version — and a row reduced twice stays so until its version moves.
-// The liveness check then finds us-1 at its safe share of a key its
-// table gives 66 %, a lease and 3Δ after the last suspicion healed. Fails
-// on 78e25a0 (the coordinator set restore only for an agent that fell
-// silent); the table that names a dropped agent again now gives every row
-// a new version.
-func TestRenamedAgentRestored(t *testing.T) {
-	sc := replayClean(t, "testdata/explore-9-176-suspicions.yaml")
-	if len(sc.Faults.Suspicions) != 2 {
-		t.Errorf("the schedule has %d suspicions, want the 2 it was shrunk to", len(sc.Faults.Suspicions))
+// TestShrunkSchedulesReplayClean replays schedules the explorer found and
+// shrank, each a regression test for the defect it found: every one must
+// run without a violation, and keep the faults it was shrunk to (a file
+// that lost one, like a regression file that lost its failure-detection
+// delay once, replays a different schedule).
+func TestShrunkSchedulesReplayClean(t *testing.T) {
+	tests := []struct {
+		file   string
+		faults func(*FaultsSpec) []int // the fault lists the schedule keeps
+		want   []int
+	}{
+		// Seed 9's schedule 176 under the shipped max_skew (250 ms) and
+		// fence (500 ms): membership suspects us-1 twice while it keeps
+		// reporting, each time long enough that the tables stop naming
+		// it, so it runs every row reduced twice under one version — and
+		// a row reduced twice stays so until its version moves; us-1 runs
+		// its safe share of a key its table gives 66 %, a lease and 3Δ
+		// after the last suspicion healed. Fails on 78e25a0; the table
+		// that names a dropped agent again gives every row a new version.
+		{"explore-9-176-suspicions.yaml", func(f *FaultsSpec) []int { return []int{len(f.Suspicions)} }, []int{2}},
+		// Seed 10's schedule 1635 at 250 ms / 500 ms: us, with the
+		// coordinator, is partitioned and runs its last table's 93 % of a
+		// key until 60.05 s; the KV bucket is lost, so eu's term 2 starts
+		// blind; it crashes, and ap's term 3 starts from term 2's first
+		// table, hears its named agents acknowledge and raises ap's burst
+		// at 59.95 s — Σ bursts in force 1021 of 786. Fails on 1367b0d; a
+		// term inherits the blind term's wait (Table.BlindUntil;
+		// rebalance's TestBlindWaitOutlivesItsTerm).
+		{"explore-10-1635-blind.yaml", func(f *FaultsSpec) []int { return []int{len(f.KVLoss), len(f.AgentCrash)} }, []int{1, 1}},
+		// Seed 10's schedule 1822 at 250 ms / 500 ms: a policy reload cuts
+		// a key's budget from burst 33 to 8; the agents shrink what they
+		// run to eu 6, us 1 and ap 0, and the coordinator's next table
+		// split the new burst afresh — 5, 2 and 1 — raising us and ap
+		// while eu's store, 120 ms behind, still ran 6: Σ bursts 9 of 8.
+		// Fails on 4487eb9; the coordinator counts the bursts as the
+		// agents shrink them (rebalance's TestBudgetCutLowersBeforeItRaises).
+		{"explore-10-1822-budget-cut.yaml", func(f *FaultsSpec) []int { return []int{len(f.PolicyReloads)} }, []int{1}},
+		// Seed 16's schedule 2630 at the shipped settings with a 10 %
+		// hysteresis: us-1, the coordinator's agent, crashes and comes
+		// back unnamed (a row reduced once), then is partitioned past its
+		// lease (reduced twice under one version) for long enough that the
+		// coordinator forgets it; it reports again before membership names
+		// it, and nothing gave the rows a new version — a key whose shares
+		// no longer moved by 10 % stayed at us-1's safe share
+		// (liveness/converge, 33,333 ppm where its table said 121,677).
+		// Fails on 6089d1c and 7035a51; the state of an agent the latest
+		// table does not name starts marked unnamed (rebalance's
+		// TestForgottenAgentNamedAgainRestores).
+		{"explore-16-2630-forgotten.yaml", func(f *FaultsSpec) []int { return []int{len(f.Partitions), len(f.AgentCrash)} }, []int{1, 1}},
 	}
-}
-
-// TestBlindWaitInherited replays explorer seed 10's schedule 1635, shrunk,
-// at max_skew 250 ms and fence 500 ms: us, with the coordinator, is
-// partitioned and runs its last table's 93 % of a key until 60.05 s; the
-// KV bucket is lost, so eu's term 2 starts blind; it crashes, and ap's
-// term 3 starts from term 2's first table, hears its named agents
-// acknowledge and raises ap's burst at 59.95 s — Σ bursts in force 1021 of
-// 786. Fails on 1367b0d; a term now inherits the blind term's wait
-// (Table.BlindUntil). rebalance's TestBlindWaitOutlivesItsTerm is the
-// unit form.
-func TestBlindWaitInherited(t *testing.T) {
-	sc := replayClean(t, "testdata/explore-10-1635-blind.yaml")
-	if len(sc.Faults.KVLoss) != 1 || len(sc.Faults.AgentCrash) != 1 {
-		t.Errorf("the schedule has %d KV losses and %d crashes, want the 1 and 1 it was shrunk to", len(sc.Faults.KVLoss), len(sc.Faults.AgentCrash))
-	}
-}
-
-// TestBudgetCutShrinksFirst replays explorer seed 10's schedule 1822, shrunk,
-// at max_skew 250 ms and fence 500 ms: a policy reload cuts a key's budget
-// from burst 33 to 8; the agents shrink what they run to eu 6, us 1 and ap
-// 0, and the coordinator's next table split the new burst afresh — 5, 2
-// and 1 — raising us and ap at its effective time while eu's store, 120 ms
-// behind, still ran 6: Σ bursts 9 of 8. Fails on 4487eb9; the coordinator
-// now counts the bursts as the agents shrink them (rebalance.ShrunkBurst)
-// and the next rebalance moves them, break before make. rebalance's
-// TestBudgetCutLowersBeforeItRaises is the unit form.
-func TestBudgetCutShrinksFirst(t *testing.T) {
-	sc := replayClean(t, "testdata/explore-10-1822-budget-cut.yaml")
-	if len(sc.Faults.PolicyReloads) != 1 {
-		t.Errorf("the schedule has %d policy reloads, want the 1 it was shrunk to", len(sc.Faults.PolicyReloads))
-	}
-}
-
-// TestForgottenAgentRestored replays explorer seed 16's schedule 2630,
-// shrunk, at the shipped max_skew and fence with a 10 % hysteresis: us-1,
-// the coordinator's agent, crashes and comes back unnamed (a row reduced
-// once), then is partitioned past its lease (reduced twice under one
-// version) for long enough that the coordinator forgets it; membership
-// names it again before it reports, and nothing gave the rows a new
-// version — a key whose shares no longer moved by 10 % stayed at us-1's
-// safe share (liveness/converge, 33,333 ppm where its table said
-// 121,677). Fails on 6089d1c; a table that names an agent the coordinator
-// keeps no state for, and the table before did not name, now re-versions
-// every row (rebalance's TestForgottenAgentNamedAgainRestores).
-func TestForgottenAgentRestored(t *testing.T) {
-	sc := replayClean(t, "testdata/explore-16-2630-forgotten.yaml")
-	if len(sc.Faults.Partitions) != 1 || len(sc.Faults.AgentCrash) != 1 {
-		t.Errorf("the schedule has %d partitions and %d crashes, want the 1 and 1 it was shrunk to", len(sc.Faults.Partitions), len(sc.Faults.AgentCrash))
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			sc := replayClean(t, "testdata/"+tt.file)
+			if got := tt.faults(&sc.Faults); !slices.Equal(got, tt.want) {
+				t.Errorf("the schedule keeps faults %v, want the %v it was shrunk to", got, tt.want)
+			}
+		})
 	}
 }
 
@@ -582,7 +575,7 @@ func TestClockStepBanked(t *testing.T) {
 // TestExploreShipped explores seed 10 on the explorer's base at the
 // shipped max_skew and fence (rebalance.DefaultConfig), not the base's
 // wider ones: the shorter settings found defects the wider ones hid
-// (TestBlindWaitInherited, TestBudgetCutShrinksFirst, TestClockStepBanked).
+// (TestShrunkSchedulesReplayClean, TestClockStepBanked).
 func TestExploreShipped(t *testing.T) {
 	base := ExploreBase()
 	def := rebalance.DefaultConfig()
