@@ -168,9 +168,10 @@ func Allow(l Limit, tat, now, n int64) (int64, Result, error) {
 // Decide decides a request of cost n at now for a key with state st under
 // the schedule s: it picks the limit in force at now, converts st to it as
 // "limit changes keep tokens" requires, and applies GCRA. It returns the
-// state to write and whether to write it: only an admitted request with
-// n > 0 writes. Cost 0 peeks: Allowed reports whether the key is not over
-// its limit, and nothing is written.
+// state to write and whether to write it: an admitted request with n > 0
+// writes, and so does a denied one whose state was read through a
+// conversion (see Rebase); cost 0 peeks: Allowed reports whether the key
+// is not over its limit, and nothing is written.
 //
 // Decide does not validate s; stores call s.Validate first. An invalid limit
 // in s decides as the zero limit (denies), never panics.
@@ -186,8 +187,12 @@ func Decide(st State, now int64, s *Schedule, n int64) (next State, write bool, 
 		return st, false, tooLarge(v.Limit, tat, now), nil
 	}
 	t := step(&v.Limit, tat, now, n, &r)
-	if !r.Allowed || n == 0 {
+	if n == 0 {
 		return st, false, r, nil
+	}
+	if !r.Allowed {
+		next, write := s.rebase(st, v, tat, now)
+		return next, write, r, nil
 	}
 	return s.written(st, v, t), true, r, nil
 }
@@ -221,12 +226,17 @@ func Reserve(st State, now int64, s *Schedule, n, maxWait int64) (State, bool, R
 		wait = 0
 	}
 	if wait > maxWait {
-		return st, false, Result{
+		r := Result{
 			Limit:      *l,
 			Remaining:  remaining(l, base, now),
 			RetryAfter: micros(wait),
 			ResetAfter: micros(base - now),
-		}, nil
+		}
+		if n == 0 {
+			return st, false, r, nil
+		}
+		next, write := s.rebase(st, v, tat, now)
+		return next, write, r, nil
 	}
 	r := Result{
 		Limit:      *l,
@@ -243,7 +253,10 @@ func Reserve(st State, now int64, s *Schedule, n, maxWait int64) (State, bool, R
 
 // DecideAll decides several limits together, all or nothing: every check is
 // evaluated at now against its own state; if all admit, next receives the
-// states to write and write is true; if any denies, nothing is to be written.
+// states to write and write is true; if any denies, nothing is consumed:
+// next holds each state as it was, or re-stored in its limit's unit where
+// it was read through a conversion (Rebase, for checks of cost above 0),
+// and write says whether any was.
 // out receives each check's own result: as if decided alone when all admit;
 // when any denies, Allowed is false for all, and a limit that would have
 // admitted reports its untouched state (nothing was consumed). The combined
@@ -291,7 +304,15 @@ func DecideAll(now int64, checks []Check, states, next []State, out []Result) (R
 			}
 			next[i] = states[i]
 		}
-		return Combine(out), false, nil
+		write = false
+		for i := range checks {
+			if checks[i].Cost > 0 && !out[i].TooLarge {
+				var w bool
+				next[i], w = Rebase(states[i], now, &checks[i].Schedule)
+				write = write || w
+			}
+		}
+		return Combine(out), write, nil
 	}
 	return all, write, nil
 }

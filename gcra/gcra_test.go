@@ -650,8 +650,10 @@ func TestDecideLimitChange(t *testing.T) {
 		// 10 − 9 = 1 token at ta: TAT' = ta + 800 − 200 ms.
 		{"decrease: one token kept", fast, slow, 0, tagged(ta+900*ms, pe), ta + 100*ms, 0,
 			true, 1, 0, 500 * time.Millisecond, gcra.State{}},
+		// Denied, it re-stores the converted TAT under the new limit
+		// (Rebase), one window of slow past the change at rest.
 		{"decrease: two asked, one held", fast, slow, 0, tagged(ta+900*ms, pe), ta + 100*ms, 2,
-			false, 1, 100 * time.Millisecond, 500 * time.Millisecond, gcra.State{}},
+			false, 1, 100 * time.Millisecond, 500 * time.Millisecond, gcra.State{TAT: ta + 600*ms, Rested: ta + 800*ms, Epoch: ae, Exists: true}},
 		// 4 − 2 = 2 tokens at ta under slow; fast refills 3 more by ta+300ms.
 		{"increase adds rate, not tokens", slow, fast, 0, tagged(ta+400*ms, pe), ta + 300*ms, 0,
 			true, 5, 0, 500 * time.Millisecond, gcra.State{}},
@@ -863,5 +865,55 @@ func TestDecideWriterLimit(t *testing.T) {
 			}
 			t.Logf("remaining %d; read without the writer's limit (7833642) %d", r.Remaining, ro.Remaining)
 		})
+	}
+}
+
+// TestDeniedReadRebases: a region raised from a floor, whose only state
+// was written under the floor's slow limit, refills at its new limit from
+// its first denied read on. It fails on the commit before Rebase: every
+// read converted the slow writer's state afresh at the read, so the key
+// refilled at the floor's rate (one token per 100 s) until that state's
+// TAT, 95 s later, passed — the simulator's migrating tenants at floors of
+// 0.1 % admitted nothing for whole runs.
+func TestDeniedReadRebases(t *testing.T) {
+	floor := gcra.FromInterval(100*s, 1) // the cold key's limit, which wrote the state
+	prev := gcra.Version{Limit: gcra.FromInterval(100*s, 8), Epoch: 8, Effective: 4 * s}
+	cur := gcra.Version{Limit: gcra.FromInterval(40*ms, 25), Epoch: 12, Effective: 5 * s}
+	sch := gcra.Change(prev, cur)
+	if err := sch.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// One admission at 2 s under the floor: TAT 102 s, tag 1.
+	st := gcra.State{TAT: 102 * s, Rested: 102 * s, Epoch: 1, T: floor.IntervalMicros(), Burst: floor.Burst(), Exists: true}
+	tests := []struct {
+		now         int64
+		wantAllowed bool
+		wantRemain  int64
+	}{
+		// 5 s of the floor's 100 s credit left at 7 s: 0.05 of a token.
+		{7 * s, false, 0},
+		// Re-stored at 7 s under cur: full again 1 s later.
+		{8 * s, true, 24},
+		{8*s + 1, true, 23},
+	}
+	for i, tt := range tests {
+		next, write, r, err := gcra.Decide(st, tt.now, &sch, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed != tt.wantAllowed || r.Remaining != tt.wantRemain {
+			t.Fatalf("t%d at %dµs: allowed=%v remaining=%d, want %v %d (retry-after %v)", i, tt.now, r.Allowed, r.Remaining, tt.wantAllowed, tt.wantRemain, r.RetryAfter)
+		}
+		if i == 0 {
+			// The denial consumed nothing: the re-stored state holds what
+			// the read did, and names the limit in force.
+			want := gcra.State{TAT: 7*s + s - 2*ms, Rested: 7*s + s - 2*ms, Epoch: 12, T: 40 * ms, Burst: 25, Exists: true}
+			if !write || next != want {
+				t.Fatalf("t0: write=%v next=%+v, want a write of %+v", write, next, want)
+			}
+		}
+		if write {
+			st = next
+		}
 	}
 }

@@ -423,8 +423,12 @@ func TestPropertyLimitChangeKeepsTokens(t *testing.T) {
 			if r.Allowed != wantAllowed {
 				t.Fatalf("cost 1 at ta+%d: allowed %v, want %v", delta, r.Allowed, wantAllowed)
 			}
-			if write && (next.Epoch != gcra.EpochTag(c.ae) || next.TAT != max(c.ta+R, now)+c.a.IntervalMicros()) {
+			if write && r.Allowed && (next.Epoch != gcra.EpochTag(c.ae) || next.TAT != max(c.ta+R, now)+c.a.IntervalMicros()) {
 				t.Fatalf("wrote %+v, want TAT %d tag %d", next, max(c.ta+R, now)+c.a.IntervalMicros(), gcra.EpochTag(c.ae))
+			}
+			// A denial re-stores the converted TAT, consuming nothing.
+			if write && !r.Allowed && (next.Epoch != gcra.EpochTag(c.ae) || next.TAT != c.ta+R) {
+				t.Fatalf("denied: wrote %+v, want the converted TAT %d tag %d", next, c.ta+R, gcra.EpochTag(c.ae))
 			}
 		}
 

@@ -150,6 +150,48 @@ func (s *Schedule) written(st State, v *Version, tat int64) State {
 	return State{TAT: tat, Rested: rested, Epoch: tag, T: v.Limit.t, Burst: v.Limit.burst, Exists: true}
 }
 
+// Rebase is st re-stored in the unit of the limit in force at now under s,
+// holding the tokens it holds now, and whether that differs from st: when
+// the read converted st from another epoch or writer's limit and the key
+// is still refilling (its converted TAT is after now, by at most the
+// limit's window: booked debt is left as it is). A denied request
+// writes it (Decide, Reserve, DecideAll); nothing is consumed.
+//
+// Without it a key denied before its first admission under a new limit
+// stayed stuck at its writer's refill rate: the conversion of a state
+// whose write time is unknown takes the tokens it holds at the read
+// (fromWriter), so until its TAT passed every read took them afresh and
+// none of the new limit's refill since the change counted. A region
+// raised from a floor of 333 ppm of a 26/s budget, where one admission
+// had moved the TAT 115 s ahead, denied every request at 99.9 % for those
+// 115 s (issue 18: the simulator's migrating tenants lost 20.9 % with
+// floors of 0.1 %, 2.0 % with this). Re-storing at the read is what an
+// admission of cost 0 would write; from then on the key refills at its
+// limit's rate.
+func Rebase(st State, now int64, s *Schedule) (State, bool) {
+	if uint64(now) >= uint64(MaxTime) {
+		return st, false
+	}
+	v, tat := s.resolve(st, now)
+	return s.rebase(st, v, tat, now)
+}
+
+// rebase is Rebase with the version v in force and the TAT tat st stands
+// for under it already resolved.
+func (s *Schedule) rebase(st State, v *Version, tat, now int64) (State, bool) {
+	if !st.Exists || tat <= now || !v.Limit.usable() || tat-now > v.Limit.burst*v.Limit.t {
+		// Rested; or the zero limit (writes nothing); or booked past the
+		// window, where no admission could write (the debt's slots are
+		// kept by every later read as they are).
+		return st, false
+	}
+	tag := EpochTag(v.Epoch)
+	if st.under(&v.Limit) && (st.Epoch == tag || newer(st.Epoch, tag)) {
+		return st, false // read as stored
+	}
+	return s.written(st, v, tat), true
+}
+
 // newer reports whether tag a is 1 to 2^39 − 1 ahead of tag b (both
 // TagBits wide).
 func newer(a, b uint64) bool {

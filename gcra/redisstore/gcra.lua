@@ -305,9 +305,17 @@ local function readstate(key, cTag, hasP, pTag, cEff)
   return true, true, upper - (upper - low) % V1TAT, tag, 0, 0
 end
 
+-- asis reports whether a state read under the version (T, B, tag) is used
+-- as stored: written under it (or a newer tag) in its unit (gcra.rebase).
+local function asis(exists, stag, wT, wB, T, B, tag)
+  return exists and under(wT, wB, T, B) and (stag == tag or newer(stag, tag))
+end
+
 -- loadcheck reads one check's arguments and state and resolves the version
--- in force: ok, key, n, T, B, tag, ver, tat, exists, stored tag, and the
--- current limit (for a change still pending).
+-- in force: ok, key, n, T, B, tag, ver, tat, exists, stored tag, the
+-- current limit (for a change still pending), the version's effective
+-- time, and whether a denial re-stores the state (gcra.Rebase: it was read
+-- through a conversion and is still refilling).
 local W = 1099511627776 -- 2^40
 
 -- word splits an op word into kind, schedule index and cost.
@@ -329,15 +337,19 @@ local function loadcheck(i, n)
     if not (exists and stag == cTag and under(wT, wB, cT, cB)) then
       tat = tatunder(exists, tat, stag, wT, wB, cT, cB, cTag, cEff, false, 0, 0, 0, 0)
     end
-    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff, cEff
+    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff, cEff,
+      exists and tat > now and not asis(exists, stag, wT, wB, cT, cB, cTag)
   end
   local pT, pB, pTag, pEff = S[b + 6], S[b + 7], S[b + 8], S[b + 9]
   if now >= cEff then
     tat = tatunder(exists, tat, stag, wT, wB, cT, cB, cTag, cEff, true, pT, pB, pTag, pEff)
-    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff, cEff
+    return true, key, n, cT, cB, cTag, 0, tat, exists, stag, cT, cB, cEff, cEff,
+      exists and tat > now and not asis(exists, stag, wT, wB, cT, cB, cTag)
   end
   if exists then
     tat = tatunder(exists, tat, stag, wT, wB, pT, pB, pTag, pEff, false, 0, 0, 0, 0)
+    return true, key, n, pT, pB, pTag, 1, tat, exists, stag, cT, cB, cEff, pEff,
+      tat > now and not asis(exists, stag, wT, wB, pT, pB, pTag)
   else
     -- No state under a version that replaced another: empty at its change.
     tat = filledfrom(pT, pB, pEff)
@@ -405,13 +417,18 @@ for _ = 1, nops do
     if kind == 2 then
       maxWait = int()
     end
-    local ok, key, n, T, B, tag, ver, tat, exists, stag, cT, cB, cEff, vEff = loadcheck(idx, n)
+    local ok, key, n, T, B, tag, ver, tat, exists, stag, cT, cB, cEff, vEff, rebase = loadcheck(idx, n)
     if not ok then
       emit(key or 3, 0, 0, 0)
       if maxWait >= 0 then no = no + 1; out[no] = 0 end
     else
       local code, rem, retry, reset, wait, nxt = step(T, B, tat, n, maxWait)
-      if nxt then write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff, vEff) end
+      if nxt then
+        write(key, nxt, T, B, tag, ver, exists, stag, cT, cB, cEff, vEff)
+      elseif code == 0 and n > 0 and rebase and T ~= 0 and tat - now <= B * T then
+        -- gcra.Rebase: denied, the converted state is re-stored as it is.
+        write(key, tat, T, B, tag, ver, exists, stag, cT, cB, cEff, vEff)
+      end
       emit(code + 8 * ver, rem, retry, reset)
       if maxWait >= 0 then no = no + 1; out[no] = wait end
     end
@@ -441,9 +458,15 @@ for _ = 1, nops do
         local c, r = cks[i], res[i]
         if all then
           if r[6] then write(c[2], r[6], c[4], c[5], c[6], c[7], c[9], c[10], c[11], c[12], c[13], c[14]) end
-        elseif r[1] == 1 then
-          r = {step(c[4], c[5], c[8], 0, -1)} -- would have admitted: report it untouched
-          r[1] = 0
+        else
+          if c[3] > 0 and r[1] ~= 2 and c[15] and c[4] ~= 0 and c[8] - now <= c[5] * c[4] then
+            -- gcra.DecideAll: nothing consumed, a converted state re-stored.
+            write(c[2], c[8], c[4], c[5], c[6], c[7], c[9], c[10], c[11], c[12], c[13], c[14])
+          end
+          if r[1] == 1 then
+            r = {step(c[4], c[5], c[8], 0, -1)} -- would have admitted: report it untouched
+            r[1] = 0
+          end
         end
         emit(r[1] + 8 * c[7], r[2], r[3], r[4])
       end

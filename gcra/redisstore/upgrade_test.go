@@ -211,6 +211,12 @@ func TestRollingUpgrade(t *testing.T) {
 				newAdmits++
 			}
 		}
+		if write && !want.Allowed && !legacy {
+			// A denial that re-stores a converted state (gcra.Rebase):
+			// what an admission of cost 0 would write, the meter's too
+			// (an older agent's script re-stores nothing).
+			kk.meter = readBack(next, s.cfg.WriteFormat)
+		}
 		if legacy && oldReading && got.Allowed && cost > 0 {
 			// What an older agent wrote after such a reading is its own,
 			// not the meter's: the meter takes it as given from here on
