@@ -10,7 +10,9 @@
 // idle. A key's state is its theoretical arrival time (TAT) in µs. A request
 // of cost n at now is admitted iff newTAT − now ≤ Burst·T, where
 // newTAT = max(TAT, now) + n·T; then TAT becomes newTAT. A denial never moves
-// the TAT, and its RetryAfter is exact: newTAT − Burst·T − now. A cost above
+// the TAT, and its RetryAfter is exact: newTAT − Burst·T − now. (A denial
+// of a state read through a limit change may store it again in the unit
+// of the limit in force, holding the same tokens: see Rebase.) A cost above
 // Burst can never be admitted and is reported as Result.TooLarge with
 // RetryAfter Never; n is compared with Burst before any multiplication, so no
 // cost overflows. Cost 0 peeks and writes nothing. Remaining is
@@ -94,7 +96,12 @@
 // clamped to the reader's burst, refilling at the reader's rate from c
 // (any c in that range counts every admission and refills only while the
 // reader's limit was in force; the latest keeps a state written long after
-// the change from reading its rested time as debt). A state older than the
+// the change from reading its rested time as debt). Since c moves with the
+// read, such a state would refill at its writer's rate until its TAT passed
+// — a region raised from a floor whose one admission put the TAT minutes
+// ahead denied for those minutes — so the first denial that reads it
+// stores it again in the reader's unit, holding the tokens it holds then
+// (Rebase), and it refills at the reader's rate from there. A state older than the
 // reader's previous change is also floored at "empty at that change", as
 // above. The 12-byte value of the release before (EncodeValueV2, no
 // writer's limit) and the packed integer of earlier ones (PackV1, which

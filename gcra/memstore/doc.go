@@ -9,7 +9,9 @@
 // gcra.Decide, gcra.Reserve or gcra.DecideAll on the state decoded from
 // them; it holds no GCRA arithmetic of its own. So the simulator, which
 // decides through this store, runs the representation production stores. It writes the state those functions return only when they say to,
-// so a denial, a peek (cost 0) or bad input never changes a key. Bad input —
+// so a peek (cost 0) or bad input never changes a key, and a denial
+// changes only how a converted state is stored, never its tokens
+// (gcra.Rebase). Bad input —
 // a negative cost or maxWait, an invalid schedule, an invalid key or handle —
 // is an error; a denial is a gcra.Result.
 //
@@ -61,5 +63,5 @@
 // its own mutex and map, so decisions on keys in different shards never
 // contend. A composite decision locks the distinct shards it touches in
 // ascending order, so composites cannot deadlock one another, and decides
-// all of its keys while holding them: it writes every key or none.
+// all of its keys while holding them: it admits on every key or none.
 package memstore
