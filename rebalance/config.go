@@ -60,6 +60,18 @@ type Config struct {
 	// SafeShare does not name a region, split equally: 0.1 gives each of
 	// n regions 10⁵/n ppm.
 	SafeFraction float64
+	// IdleSafeFraction is the part of every budget set aside as floors
+	// for the regions that have reported no demand for a key within
+	// FloorWindow, split equally and never above a region's safe share.
+	// Agents run a key no table names at these floors (region.Config's
+	// IdleSafeFraction, which must agree). 0, or SafeFraction: every region
+	// keeps its safe share for every key, as before.
+	IdleSafeFraction float64
+	// FloorWindow is how long a region keeps its safe share of a key
+	// after it last reported demand for it; then the coordinator lowers it
+	// to the idle floor (an acknowledged decrease, like any other), and
+	// only for a region it hears.
+	FloorWindow time.Duration
 	// Strategy is the default strategy name; Budget.Strategy overrides it.
 	Strategy string
 	// Params configures the strategies.
@@ -93,7 +105,9 @@ func DefaultConfig(regions ...string) Config {
 		StaleAfter:         3,                      // three silent intervals: the agent is gone
 		MaxAgentsPerRegion: 256,                    // gateways' agents in one region, with room to spare
 		SafeFraction:       0.1,                    // ARCHITECTURE.md: 10 % of the budget, split equally
-		Strategy:           "quantile",             // issue 18: below ewma's UA in every built-in scenario but one (within 0.2 point there)
+		IdleSafeFraction:   0.01,                   // regions without recent demand: a tenth of the floors
+		FloorWindow:        10 * time.Second,
+		Strategy:           "quantile", // issue 18: below ewma's UA in every built-in scenario but one (within 0.2 point there)
 		Params: Params{
 			AlphaUp:   0.5, // follows a rise within two intervals
 			AlphaDown: 0.5, // gives back as fast as it gains (issue 18: 0.1 cost follow-the-sun 2.7 points, migrating tenants 5.5)
@@ -151,6 +165,14 @@ func (c *Config) Validate() error {
 	if c.MaxAgentsPerRegion < 1 {
 		errs = append(errs, fmt.Errorf("rebalance: MaxAgentsPerRegion %d: must be at least 1", c.MaxAgentsPerRegion))
 	}
+	if f := c.IdleSafeFraction; math.IsNaN(f) || f < 0 || f > 1 {
+		errs = append(errs, fmt.Errorf("rebalance: IdleSafeFraction %v: must be in [0, 1]", f))
+	}
+	if c.FloorWindow < 0 {
+		errs = append(errs, fmt.Errorf("rebalance: FloorWindow %s: must not be negative", c.FloorWindow))
+	} else if c.Interval > 0 && c.floorIntervals() > math.MaxUint8 {
+		errs = append(errs, fmt.Errorf("rebalance: FloorWindow %s: at most %d intervals (%s)", c.FloorWindow, math.MaxUint8, math.MaxUint8*c.Interval))
+	}
 	if math.IsNaN(c.SafeFraction) || c.SafeFraction < 0 || c.SafeFraction > 1 {
 		errs = append(errs, fmt.Errorf("rebalance: SafeFraction %v: must be in [0, 1]", c.SafeFraction))
 	}
@@ -176,6 +198,28 @@ func (c *Config) Validate() error {
 }
 
 // safe returns the floors in the order of regions.
+// floorIntervals is FloorWindow in rebalance intervals, rounded up: how
+// many rebalances without demand lower a region's floor of a key.
+func (c *Config) floorIntervals() int {
+	if c.Interval <= 0 {
+		return 1
+	}
+	return max(1, int((c.FloorWindow+c.Interval-1)/c.Interval))
+}
+
+// idle is each region's idle floor: IdleSafeFraction split equally,
+// capped at its safe share; safe itself when IdleSafeFraction is 0.
+func (c *Config) idle(regions []string, safe []uint32) []uint32 {
+	out := slices.Clone(safe)
+	if c.IdleSafeFraction > 0 {
+		def := uint32(math.Floor(c.IdleSafeFraction * PPM / float64(len(regions))))
+		for i := range out {
+			out[i] = min(out[i], def)
+		}
+	}
+	return out
+}
+
 func (c *Config) safe(regions []string) []uint32 {
 	unnamed := 0
 	for _, r := range regions {

@@ -22,6 +22,7 @@ type Coordinator struct {
 	regions []string
 	ridx    map[string]int
 	safe    []uint32
+	idle    []uint32 // per region: the floor of a region with no recent demand for a key (Config.IdleSafeFraction)
 	strats  map[string]Strategy
 	nR      int
 	dt      int64 // Δ, µs
@@ -43,6 +44,13 @@ type Coordinator struct {
 	target  []uint32    // during a transition: the shares the increase will give
 	version []uint64    // per key: how many times its shares changed
 	state   []float64
+	// idleFor: per key × region, the rebalances since the last that
+	// counted demand there (saturating at 255; a new key starts there).
+	idleFor []uint8
+	// coldPub: per key, published at the idle floors while the term
+	// learns — a key new to the term, which an earlier term's table may
+	// give any region no more than its idle floor (see publish).
+	coldPub []bool
 
 	agents map[agentKey]*agentState
 	// members: the live agents MemberChange gave; nil until it is first
@@ -70,8 +78,14 @@ type Coordinator struct {
 	firstTerm    bool // a first term with no stored table (see everyRegionAcked)
 
 	transition bool // a decrease is out; the increase waits
-	decEpoch   uint64
-	waitUntil  int64
+	// lowered: the shares and bursts the decrease took below a region's
+	// safe share (or safe burst), each with what the region ran before,
+	// capped at its safe share: what an agent of the region that never
+	// applied the decrease runs once its lease passes. The increase keeps
+	// them unless every agent of the region had the decrease (see Tick).
+	lowered   []lowering
+	decEpoch  uint64
+	waitUntil int64
 	// waitFor: per agent that may run a decreasing region's old share, the
 	// instant until which the increase waits for its acknowledgement (the
 	// lease of its region in the last table naming it, plus skew).
@@ -110,6 +124,15 @@ type Coordinator struct {
 
 type agentKey struct{ region, agent string }
 
+// lowering is one share and burst a decrease took below the safe share:
+// per key × region index j, what the region held before, capped at the
+// safe share and burst.
+type lowering struct {
+	j     int
+	held  uint32
+	heldB int64
+}
+
 // agentState is what the coordinator keeps of one agent: its latest
 // report, sparse (the keys it named and their demand), and the newest
 // table it acknowledged.
@@ -127,8 +150,11 @@ type agentState struct {
 	// row reduced meanwhile; the table that names it again gives every row
 	// a new version (see publish).
 	unnamed bool
-	term    uint64
-	epoch   uint64 // acknowledged in force
+	// features: its latest report's (Report.Features); AgentIdleFloors
+	// says it runs a key no table names at its idle floor.
+	features uint32
+	term     uint64
+	epoch    uint64 // acknowledged in force
 	// fence and store: the region fence its latest acknowledgement read
 	// back from its store, and the store's identity (0: it keeps no fence).
 	fence gcra.Fence
@@ -145,6 +171,7 @@ type scratch struct {
 	bursts  []int64
 	has     []bool
 	fixed   []int64
+	floor   []uint32 // rebalance: one key's floors
 	rekey   rekey
 }
 
@@ -182,8 +209,9 @@ func NewCoordinator(cfg Config, budgets []Budget) (*Coordinator, error) {
 		// nil until a table and a transition need them.
 		budgets: []Budget{}, kidx: map[string]int{}, kstrat: []Strategy{}, pinned: [][]uint32{},
 		cur: []uint32{}, curB: []int64{}, rows: []KeyShares{}, stamp: []uint64{},
-		version: []uint64{}, state: []float64{},
+		version: []uint64{}, state: []float64{}, idleFor: []uint8{}, coldPub: []bool{},
 	}
+	c.idle = cfg.idle(regions, c.safe)
 	for i, r := range regions {
 		c.ridx[r] = i
 	}
@@ -300,6 +328,8 @@ func (c *Coordinator) apply(p *rekey) {
 	c.cur, c.pub, c.target = move(c.cur, p, n), move(c.pub, p, n), move(c.target, p, n)
 	c.curB, c.pubB, c.targetB = move(c.curB, p, n), move(c.pubB, p, n), move(c.targetB, p, n)
 	c.state = move(c.state, p, n)
+	c.idleFor = move(c.idleFor, p, n)
+	c.coldPub = move(c.coldPub, p, 1)
 	c.demand = c.demand[:0]
 	pairs := [3]struct {
 		s []uint32
@@ -323,7 +353,8 @@ func (c *Coordinator) apply(p *rekey) {
 				if pr.s == nil {
 					continue
 				}
-				copy(pr.s[lo:hi], c.safe)
+				cold := c.cold()
+				copy(pr.s[lo:hi], cold)
 				if pr.b == nil {
 					continue
 				}
@@ -336,12 +367,16 @@ func (c *Coordinator) apply(p *rekey) {
 					// seed 1: a term begun from a blind term's empty table
 					// split a key's whole burst over the floors while an
 					// agent ran its older share, Σ bursts 643 of 549).
-					splitHeld(b.Limit, pr.s[lo:hi], c.safe, pr.b[lo:hi])
+					splitHeld(b.Limit, pr.s[lo:hi], cold, pr.b[lo:hi])
 				} else {
-					splitRow(b.Limit, pr.s[lo:hi], c.safe, pr.b[lo:hi])
+					splitRow(b.Limit, pr.s[lo:hi], cold, pr.b[lo:hi])
 				}
 			}
 			clear(c.state[lo:hi])
+			for j := lo; j < hi; j++ {
+				c.idleFor[j] = math.MaxUint8
+			}
+			c.coldPub[i] = c.learning
 			c.version[i] = max(c.retiredFloor, c.vbase)
 			c.rows[i], c.stamp[i] = KeyShares{}, 0
 		case p.limit[i]:
@@ -478,6 +513,9 @@ func (c *Coordinator) StartTerm(term uint64, latest *Table, now int64) error {
 	c.vbase = (term - 1) << 32
 	for k := range c.version {
 		c.version[k] = max(c.version[k], c.vbase)
+	}
+	for k := range c.coldPub {
+		c.coldPub[k] = true // until adopt finds it in the stored table
 	}
 	if latest != nil {
 		c.epoch = max(c.epoch, latest.Epoch)
@@ -639,6 +677,7 @@ func (c *Coordinator) adopt(t *Table) {
 		if !ok || len(ks.Shares) != len(t.Regions) {
 			continue
 		}
+		c.coldPub[k] = false
 		row := c.cur[k*n : (k+1)*n]
 		copy(row, c.safe)
 		for i, r := range t.Regions {
@@ -925,6 +964,7 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 		c.restore = true
 	}
 	a.interval, a.at, a.heard = r.Interval, now, max(a.heard, now)
+	a.features = r.Features
 	c.holds(a, r.Term, r.Epoch)
 	if len(unknown) > 0 {
 		return fmt.Errorf("%w: %s/%s: %d unknown keys (first %q) ignored", ErrBadReport, r.Region, r.Agent, len(unknown), unknown[0])
@@ -1041,6 +1081,7 @@ func (c *Coordinator) Tick(now int64) {
 		}
 		if done {
 			c.learning = false
+			clear(c.coldPub)
 		} else {
 			if now >= c.next {
 				c.publish(now, now, c.cur, c.curB) // renew the leases, shares unchanged
@@ -1062,6 +1103,7 @@ func (c *Coordinator) Tick(now int64) {
 		// the increase they pay for took effect (issue 18).
 		fence := int64(c.cfg.Fence/time.Microsecond) + int64(c.cfg.MaxSkew/time.Microsecond)
 		c.fence = max(c.fence, now+fence, c.decreased+fence)
+		c.keepLowered()
 		c.free(c.cur)
 		c.cur, c.target = c.target, nil
 		c.curB, c.targetB = c.targetB, nil
@@ -1159,6 +1201,49 @@ func (c *Coordinator) decreaseInForce(now int64) bool {
 		}
 	}
 	return true
+}
+
+// keepLowered gives up the increase of every key whose decrease took a
+// region below its safe share where an agent of that region may not have
+// it: one the wait gave up on (its lease passed unacknowledged, its store
+// not fenced past the decrease), or a region none of whose agents the wait
+// could ask. Such an agent runs min(its last share, safe share) once its
+// lease passes — the idle floor is the coordinator's, not a lapse's — so
+// the region keeps what it held, up to its safe share and burst, and the
+// key's other regions stay at the decrease: Σ stays at most what it was
+// before. The next rebalance moves the key again.
+func (c *Coordinator) keepLowered() {
+	if len(c.lowered) == 0 {
+		return
+	}
+	n := c.nR
+	confirmed := make([]int8, n) // 0: no agent asked; 1: all had it; -1: one may not
+	for k := range c.waitFor {
+		r := c.ridx[k.region]
+		if c.acked(k, c.term, c.decEpoch) || c.fencedAgent(k, c.decEpoch) {
+			if confirmed[r] == 0 {
+				confirmed[r] = 1
+			}
+		} else {
+			confirmed[r] = -1
+		}
+	}
+	for _, l := range c.lowered {
+		if confirmed[l.j%n] == 1 {
+			continue
+		}
+		k := l.j / n
+		lo, hi := k*n, (k+1)*n
+		copy(c.target[lo:hi], c.cur[lo:hi])
+		copy(c.targetB[lo:hi], c.curB[lo:hi])
+	}
+	for _, l := range c.lowered {
+		if confirmed[l.j%n] != 1 {
+			c.target[l.j] = max(c.target[l.j], l.held)
+			c.targetB[l.j] = max(c.targetB[l.j], l.heldB)
+		}
+	}
+	c.lowered = c.lowered[:0]
 }
 
 // Ready returns the tables produced since the last Advance, oldest first.

@@ -91,12 +91,53 @@ func (c *Coordinator) rebalance(now int64) {
 		}
 	}
 
+	idle := c.idleFloors()
+	// A region's floors move down only while every agent the latest table
+	// names there has it in force: one that has not may miss the decrease
+	// too, and then the increase gives it up (keepLowered).
+	// And only in a region whose agents keep its store's fence, all on one
+	// store: an agent that missed the decrease, or that the coordinator has
+	// forgotten (partitioned, it runs min(last share, safe share)), is then
+	// refused by the store once a sibling has the decrease, and decides at
+	// its idle floor (region.Node's unfenced) — without the fence nothing
+	// would stop it.
+	lowerable := make([]bool, n)
+	store := make([]uint64, n)
+	for k, a := range c.agents {
+		r := c.ridx[k.region]
+		if a.store == 0 || (store[r] != 0 && store[r] != a.store) {
+			store[r] = math.MaxUint64
+		} else if store[r] == 0 {
+			store[r] = a.store
+		}
+	}
+	for r := range n {
+		named := c.prevAgents(r)
+		lowerable[r] = alive[r] && len(named) > 0 && store[r] != 0 && store[r] != math.MaxUint64
+		for _, a := range named {
+			if !c.acked(agentKey{c.regions[r], a}, c.term, c.latest.Epoch) {
+				lowerable[r] = false
+			}
+		}
+	}
+	for j, d := range c.demand {
+		if d > 0 {
+			c.idleFor[j] = 0
+		} else if c.idleFor[j] < math.MaxUint8 {
+			c.idleFor[j]++
+		}
+	}
+	if cap(c.scratch.floor) < n {
+		c.scratch.floor = make([]uint32, n)
+	}
+	f := c.scratch.floor[:n]
 	desired := c.buffer(K * n)
 	decrease := false
 	sc := &c.scratch
 	for k := range K {
 		row := c.cur[k*n : (k+1)*n]
 		d := desired[k*n : (k+1)*n]
+		c.floorRow(k, idle, lowerable, f)
 		b := &c.budgets[k]
 		strat := c.kstrat[k]
 		switch {
@@ -105,7 +146,7 @@ func (c *Coordinator) rebalance(now int64) {
 		case b.Frozen:
 			copy(d, row)
 		default:
-			sc.in = Input{Budget: b.Limit, Demand: c.demand[k*n : (k+1)*n], Last: row, Safe: c.safe, State: c.state[k*n : (k+1)*n]}
+			sc.in = Input{Budget: b.Limit, Demand: c.demand[k*n : (k+1)*n], Last: row, Safe: f, State: c.state[k*n : (k+1)*n]}
 			strat.Allocate(&sc.in, d)
 		}
 		switch {
@@ -118,7 +159,7 @@ func (c *Coordinator) rebalance(now int64) {
 				}
 			}
 		case !strat.Overcommit():
-			c.holdSilent(d, row, alive, expired)
+			c.holdSilent(d, row, f, alive, expired)
 			if c.small(d, row, c.demand[k*n:(k+1)*n], b.Limit.IntervalMicros()) {
 				copy(d, row)
 			}
@@ -137,7 +178,8 @@ func (c *Coordinator) rebalance(now int64) {
 	// a falling burst is a decrease too.
 	desiredB := make([]int64, K*n)
 	for k := range K {
-		splitRow(c.budgets[k].Limit, desired[k*n:(k+1)*n], c.safe, desiredB[k*n:(k+1)*n])
+		c.floorRow(k, idle, lowerable, f)
+		splitRow(c.budgets[k].Limit, desired[k*n:(k+1)*n], f, desiredB[k*n:(k+1)*n])
 	}
 	if !decrease {
 		for i := range desiredB {
@@ -160,11 +202,20 @@ func (c *Coordinator) rebalance(now int64) {
 	dec := c.buffer(K * n)
 	decB := make([]int64, K*n)
 	decRegion := make([]bool, n)
+	c.lowered = c.lowered[:0]
 	for i := range dec {
 		dec[i] = min(c.cur[i], desired[i])
 		decB[i] = min(c.curB[i], desiredB[i])
 		if desired[i] < c.cur[i] || desiredB[i] < c.curB[i] {
 			decRegion[i%n] = true
+			r, lim := i%n, c.budgets[i/n].Limit
+			held, heldB := min(c.cur[i], c.safe[r]), min(c.curB[i], SafeBurst(lim.Burst(), c.safe[r], n))
+			if c.safe[r] < MinShare(lim) {
+				held, heldB = 0, 0 // the safe share runs the zero limit
+			}
+			if dec[i] < held || decB[i] < heldB {
+				c.lowered = append(c.lowered, lowering{j: i, held: held, heldB: heldB})
+			}
 		}
 	}
 	c.waitFor = map[agentKey]int64{}
@@ -208,17 +259,18 @@ func (c *Coordinator) rebalance(now int64) {
 // into what is left (each keeps its floor; the rest is split by largest
 // remainder in proportion to what the strategy gave them above their
 // floors).
-func (c *Coordinator) holdSilent(d, cur []uint32, alive, expired []bool) {
+func (c *Coordinator) holdSilent(d, cur, floor []uint32, alive, expired []bool) {
 	n := c.nR
 	left := int64(PPM)
 	fixed := false
 	for r := range n {
 		switch {
 		case alive[r]:
-			left -= int64(c.safe[r])
+			left -= int64(floor[r])
 			continue
 		case expired[r]:
-			d[r] = c.safe[r]
+			// Its agents run at most min(last share, safe share).
+			d[r] = min(cur[r], c.safe[r])
 		default:
 			d[r] = cur[r]
 		}
@@ -228,11 +280,28 @@ func (c *Coordinator) holdSilent(d, cur []uint32, alive, expired []bool) {
 	if !fixed {
 		return
 	}
+	if left < 0 {
+		// A silent region holds more than the live regions' floors leave
+		// (it took the budget while they were at their idle floors): they
+		// keep what they hold, up to their floors, until it is heard or
+		// expires. Σ cur ≤ PPM, so this fits.
+		left = int64(PPM)
+		for r := range n {
+			if alive[r] {
+				floor[r] = min(floor[r], cur[r])
+			}
+			if alive[r] {
+				left -= int64(floor[r])
+			} else {
+				left -= int64(d[r])
+			}
+		}
+	}
 	sc := &c.scratch
 	for r := range n {
 		sc.weights[r] = 0
 		if alive[r] {
-			sc.weights[r] = float64(d[r] - c.safe[r])
+			sc.weights[r] = float64(d[r] - min(d[r], floor[r]))
 		}
 	}
 	if left < 0 {
@@ -257,7 +326,7 @@ func (c *Coordinator) holdSilent(d, cur []uint32, alive, expired []bool) {
 	}
 	for r := range n {
 		if alive[r] {
-			d[r] = c.safe[r] + uint32(sc.fixed[r])
+			d[r] = floor[r] + uint32(sc.fixed[r])
 		}
 	}
 }
@@ -418,6 +487,7 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 			}
 		}
 	}
+	shares, bursts = c.coldRows(shares, bursts)
 	// Rows of keys whose shares did not change are shared with the previous
 	// table (tables are immutable once published); changed rows get new
 	// shares, limits and a version one higher.
@@ -475,6 +545,37 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 	c.ready = append(c.ready, t)
 }
 
+// coldRows is shares and bursts as a learning term publishes them: the
+// rows of keys new to the term (coldPub) at most at the idle floors and
+// their bursts. The term counts such a key at the safe shares — an agent
+// still on an earlier table that lapses runs min(last share, safe share)
+// — but an earlier term may have lowered any region of it to its idle
+// floor and given the rest away, and its agents may still run that table
+// until the learning wait ends: publishing the safe share there would be
+// an increase nobody waited for (explorer schedule 1067 of seed 50 at the
+// shipped settings: a blind term's floors raised ap from 3,333 to 33,333
+// ppm while eu still ran 993,320 of the term before, Σ 1,029,986). After
+// learning, publish takes them as they are (a new version: c.pub holds
+// what was published).
+func (c *Coordinator) coldRows(shares []uint32, bursts []int64) ([]uint32, []int64) {
+	if !c.learning || !slices.Contains(c.coldPub, true) {
+		return shares, bursts
+	}
+	n := c.nR
+	shares, bursts = slices.Clone(shares), slices.Clone(bursts)
+	for k, cold := range c.coldPub {
+		if !cold {
+			continue
+		}
+		for r := range n {
+			j := k*n + r
+			shares[j] = min(shares[j], c.idle[r])
+			bursts[j] = min(bursts[j], SafeBurst(c.budgets[k].Limit.Burst(), c.idle[r], n))
+		}
+	}
+	return shares, bursts
+}
+
 // prevAgents returns the agents the latest table named in region r.
 func (c *Coordinator) prevAgents(r int) []string {
 	if c.latest == nil {
@@ -517,4 +618,62 @@ func (c *Coordinator) free(b []uint32) {
 	if cap(b) > cap(c.spare[small]) {
 		c.spare[small] = b
 	}
+}
+
+// floorRow writes key k's floor in each region to f: its safe share
+// while the region has counted demand for the key within the last
+// Config.FloorWindow of rebalances, or unless idle (idleFloors); else the
+// idle floor where lowerable (the coordinator hears the region and every
+// agent the latest table names there has it in force), and what the
+// region holds, between the two floors, where not.
+func (c *Coordinator) floorRow(k int, idle bool, lowerable []bool, f []uint32) {
+	n := c.nR
+	copy(f, c.safe)
+	if !idle {
+		return
+	}
+	after := c.cfg.floorIntervals()
+	for r := range n {
+		j := k*n + r
+		switch {
+		case int(c.idleFor[j]) < after:
+		case lowerable[r]:
+			f[r] = c.idle[r]
+		default:
+			// Not lowered now, nor raised: what it holds, within its floors.
+			f[r] = max(c.idle[r], min(c.safe[r], c.cur[j]))
+		}
+	}
+}
+
+// cold is what a key new to the coordinator is taken to run at in every
+// region: the safe shares. Agents run a key no table names at their idle
+// floors, but a key new to the coordinator may be one an agent still runs
+// under an earlier table (one an earlier term or this one published before
+// the key left), at min(last share, safe share) once that table's lease
+// passes (explorer schedule 33 of seed 10: a term took a key it learned
+// from reports to run at its idle floors, and gave the rest away while a
+// lapsed region ran its safe share). Its first rebalance lowers the
+// floors of the regions without demand, acknowledged like any decrease.
+func (c *Coordinator) cold() []uint32 { return c.safe }
+
+// idleFloors reports whether every agent the coordinator knows, and every
+// member, runs a key no table names at its idle floor (AgentIdleFloors):
+// only then may a table leave a region less than its safe share of a key.
+// With no agent known, none has said so.
+func (c *Coordinator) idleFloors() bool {
+	if slices.Equal(c.idle, c.safe) || len(c.agents) == 0 {
+		return false
+	}
+	for _, a := range c.agents {
+		if a.features&AgentIdleFloors == 0 {
+			return false
+		}
+	}
+	for m := range c.members {
+		if a := c.agents[m]; a == nil || a.features&AgentIdleFloors == 0 {
+			return false
+		}
+	}
+	return true
 }

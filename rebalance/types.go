@@ -34,7 +34,8 @@ type Report struct {
 	Keys          []KeyDemand
 	// Features are the control-plane features the agent's reader handles
 	// (gossip/wire's Feature bits); the coordinator uses one only once
-	// every agent its table names has reported it. The core ignores it.
+	// every agent its table names has reported it. The core reads only
+	// AgentIdleFloors.
 	Features uint32
 	// Delta marks a report that lists only the keys whose demand changed
 	// materially since the agent last listed them, a key whose demand
@@ -112,6 +113,15 @@ type Table struct {
 	// (Coordinator.StartTerm). In the header, like Features.
 	BlindUntil int64
 }
+
+// AgentIdleFloors is a bit of Report.Features: the agent runs a key no
+// table names at its idle floor (region.Config.IdleSafeFraction), not its
+// safe share. The coordinator lowers a region's floor of a key to the idle
+// floor (Config.IdleSafeFraction) only while every agent it knows and every
+// member says so: an agent of an earlier release runs such a key at its
+// safe share, which a key's idle floors would not leave it. gossip/wire's
+// reader feature bits stay below it.
+const AgentIdleFloors uint32 = 1 << 16
 
 // Table feature bits (Table.Features).
 const (

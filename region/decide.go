@@ -333,12 +333,16 @@ func (n *Node) withFence(s *snapshot, rule *Rule, r *row, sch gcra.Schedule) gcr
 }
 
 // unfenced is what a fenced schedule the store refused runs at instead
-// (Config.Fence): min(the limit in force at now, the safe limit, a pending
-// change's), in the reduced epoch slot of its version, in force at every
-// instant of the store's clock — the table's share never runs again under
-// it, whatever the store's clock says.
+// (Config.Fence): min(the limit in force at now, the idle floor's limit, a
+// pending change's), in the reduced epoch slot of its version, in force at
+// every instant of the store's clock — the table's share never runs again
+// under it, whatever the store's clock says. The idle floor, not the safe
+// share: a sibling agent of the region applied a newer table, which may
+// have lowered the region's floor of the key (rebalance's idle floors), and
+// the coordinator counts this agent's decrease in force once the fence
+// says so.
 func (n *Node) unfenced(rule *Rule, sch *gcra.Schedule, now int64) gcra.Schedule {
-	lim := minLimit(inForceAt(sch, now).Limit, SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions)))
+	lim := minLimit(inForceAt(sch, now).Limit, SafeLimit(rule.Limit, n.idle, len(n.cfg.Regions)))
 	if sch.Current.Effective > now {
 		lim = minLimit(lim, sch.Current.Limit)
 	}
@@ -347,8 +351,8 @@ func (n *Node) unfenced(rule *Rule, sch *gcra.Schedule, now int64) gcra.Schedule
 
 // Unfenced is what a decision at now (µs on the node's clock) under sch —
 // a schedule this node gave rule (ScheduleAt) — runs at when the region's
-// store refuses sch's fence (Config.Fence): min(share in force, safe share),
-// unfenced. For checkers that compare what each agent enforces with the
+// store refuses sch's fence (Config.Fence): min(share in force, idle
+// floor), unfenced. For checkers that compare what each agent enforces with the
 // store's fence; safe for many goroutines.
 func (n *Node) Unfenced(rule *Rule, sch gcra.Schedule, now int64) gcra.Schedule {
 	if sch.Fence.IsZero() {
@@ -382,7 +386,7 @@ func (n *Node) scheduleRow(rule *Rule, r *row) gcra.Schedule {
 // rowSchedule is scheduleRow before the state-loss cap.
 func (n *Node) rowSchedule(rule *Rule, r *row) gcra.Schedule {
 	if r == nil {
-		return gcra.Schedule{Current: gcra.Version{Limit: SafeLimit(rule.Limit, n.safe, len(n.cfg.Regions)), Epoch: coldEpoch}}
+		return gcra.Schedule{Current: gcra.Version{Limit: SafeLimit(rule.Limit, n.idle, len(n.cfg.Regions)), Epoch: coldEpoch}}
 	}
 	if r.budget != rule.Limit {
 		// The table was computed for another limit (a policy rollout in

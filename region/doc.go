@@ -74,7 +74,8 @@
 // # Node life cycle
 //
 // NewNode(cfg, policy, store) starts with no table: every global key runs
-// at the safe share (the whole budget with StandaloneConfig; see
+// at the idle floor, Config.IdleSafeFraction split over the regions (the
+// safe share when it is 0; the whole budget with StandaloneConfig; see
 // Standalone). Then, from many goroutines:
 //
 //	var d region.Decision                    // reuse one per goroutine: no allocation per request
@@ -121,8 +122,15 @@
 // restored, +3 reduced again; 1 for a key no table names. When the
 // region's lease (the table's Leases[r], an instant) passes without a newer table, Tick
 // reduces every key to min(last share, safe share); a key missing from the
-// table runs at the safe share; a key whose budget in the table differs from
-// the policy (a rollout in progress) runs at min(table share, safe share).
+// table runs at the idle floor (the coordinator lowers a region without
+// recent demand for a key to it: rebalance's Idle floors, which also say
+// why a lapse keeps the safe share); a key whose budget in the table
+// differs from the policy (a rollout in progress) runs at min(table share,
+// safe share). A decision the store refuses for its region fence
+// (Config.Fence: a sibling agent has a newer table) runs at min(share in
+// force, idle floor). Reports carry rebalance.AgentIdleFloors when the idle
+// floor is below the safe share, so the coordinator knows this agent runs
+// both so.
 // A table that does not name this agent (Agents[r] lacks Config.Agent)
 // is applied reduced, exactly as after a lapse: every key runs at min(last
 // share, safe share) — a key the table gives a new version v runs it from

@@ -64,6 +64,12 @@ type Config struct {
 	// SafeFraction is the part of every budget set aside as floors when
 	// SafeShare is 0.
 	SafeFraction float64
+	// IdleSafeFraction is the part of every budget a key no table names
+	// runs at, split equally over Regions and capped at the safe share
+	// (rebalance.Config.IdleSafeFraction, which must agree: the
+	// coordinator lowers a region without recent demand for a key to it).
+	// 0: the safe share.
+	IdleSafeFraction float64
 	// Agents is the number of agents configured in this region: the local
 	// failure mode divides the region's limit by max(Agents, live agents).
 	Agents int
@@ -193,6 +199,9 @@ func (c *Config) Validate() error {
 	if c.SafeShare > rebalance.PPM {
 		errs = append(errs, fmt.Errorf("region: SafeShare %d: above %d ppm", c.SafeShare, rebalance.PPM))
 	}
+	if f := c.IdleSafeFraction; math.IsNaN(f) || f < 0 || f > 1 {
+		errs = append(errs, fmt.Errorf("region: IdleSafeFraction %v: must be in [0, 1]", f))
+	}
 	if c.SafeShare == 0 && !(c.SafeFraction > 0 && c.SafeFraction <= 1) {
 		errs = append(errs, fmt.Errorf("region: SafeFraction %v: must be in (0, 1] when SafeShare is 0", c.SafeFraction))
 	}
@@ -215,6 +224,14 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("region: MaxReserveWait %s: must be in [0, %s]", c.MaxReserveWait, gcra.MaxWindow))
 	}
 	return errors.Join(errs...)
+}
+
+func (c *Config) idlePPM() uint32 {
+	s := c.safePPM()
+	if c.IdleSafeFraction <= 0 {
+		return s
+	}
+	return min(s, uint32(math.Floor(c.IdleSafeFraction*rebalance.PPM/float64(len(c.Regions)))))
 }
 
 func (c *Config) safePPM() uint32 {
@@ -259,6 +276,7 @@ type Node struct {
 	cfg   Config
 	store Store
 	safe  uint32
+	idle  uint32 // the floor of a key no table names (Config.IdleSafeFraction)
 	snap  atomic.Pointer[snapshot]
 	keys  interner
 
@@ -358,7 +376,7 @@ func NewNode(cfg Config, policy *Policy, store Store) (*Node, error) {
 			return nil, err
 		}
 	}
-	n := &Node{cfg: cfg, store: store, safe: cfg.safePPM()}
+	n := &Node{cfg: cfg, store: store, safe: cfg.safePPM(), idle: cfg.idlePPM()}
 	n.keys.init(cfg.MaxKeys)
 	n.publish(&snapshot{policy: policy})
 	return n, nil

@@ -209,7 +209,7 @@ func (n *Node) transition(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 	nr := &row{version: v, budget: ks.Budget}
 	switch {
 	case o == nil:
-		prev := gcra.Version{Limit: SafeLimit(ks.Budget, n.safe, len(n.cfg.Regions)), Epoch: coldEpoch}
+		prev := gcra.Version{Limit: SafeLimit(ks.Budget, n.idle, len(n.cfg.Regions)), Epoch: coldEpoch}
 		nr.sched = change(prev, gcra.Version{Limit: lim, Epoch: epochOf(v, 0), Effective: eff})
 	case v == o.version && (o.sub%2 == 0 || o.sub == 3):
 		// The budget changed under the same version: keep the limits, or
@@ -269,7 +269,7 @@ func (n *Node) reducedRow(o *row, ks *rebalance.KeyShares, lim gcra.Limit, eff, 
 		}
 		return &nr
 	}
-	prev := gcra.Version{Limit: safe, Epoch: coldEpoch}
+	prev := gcra.Version{Limit: SafeLimit(ks.Budget, n.idle, len(n.cfg.Regions)), Epoch: coldEpoch}
 	if o != nil {
 		// What runs until eff: never a change still pending now, nor more
 		// than its part of a smaller budget.
@@ -445,6 +445,9 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 	term, epoch := n.InForce(now)
 	rep := &rebalance.Report{Region: n.cfg.Region, Agent: n.cfg.Agent, Interval: idx - 1,
 		Term: term, Epoch: epoch, PolicyVersion: s.policy.Version()}
+	if n.idle < n.safe {
+		rep.Features = rebalance.AgentIdleFloors
+	}
 	delta := n.cfg.ReportChange > 0 && s.hasTable && s.features&rebalance.FeatureDeltaReports != 0
 	// A lapsed lease means tables stopped reaching this agent, and likely
 	// its reports the coordinator: every report is full until a table

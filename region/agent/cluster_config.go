@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"math"
 	"time"
 
 	"github.com/meridian-quota/meridian/rebalance"
@@ -96,6 +97,11 @@ type ClusterCoordinatorConfig struct {
 	// threshold for a region short of its share.
 	HysteresisNeed uint32  `yaml:"hysteresis_need_ppm"`
 	SafeFraction   float64 `yaml:"safe_fraction"`
+	// IdleSafeFraction is rebalance.Config.IdleSafeFraction, and the floor
+	// every agent runs a key no table names at (0: the default, 1 %);
+	// FloorWindow is rebalance.Config.FloorWindow (0: the default, 10 s).
+	IdleSafeFraction float64  `yaml:"idle_safe_fraction"`
+	FloorWindow      Duration `yaml:"floor_window"`
 	// MaxAgentsPerRegion bounds the agents per region the coordinator
 	// keeps that membership does not list (default 256).
 	MaxAgentsPerRegion int `yaml:"max_agents_per_region"`
@@ -170,6 +176,12 @@ func (c *ClusterConfig) validate(bad func(field, format string, a ...any)) {
 	}
 	if f := c.Coordinator.SafeFraction; f < 0 || f >= 1 {
 		bad("cluster.coordinator.safe_fraction", "%v: must be in [0, 1)", f)
+	}
+	if f := c.Coordinator.IdleSafeFraction; math.IsNaN(f) || f < 0 || f >= 1 {
+		bad("cluster.coordinator.idle_safe_fraction", "%v: must be in [0, 1) (0: the default, %v)", f, rebalance.DefaultConfig().IdleSafeFraction)
+	}
+	if w := c.Coordinator.FloorWindow; w < 0 {
+		bad("cluster.coordinator.floor_window", "%s: must not be negative (0: the default, %s)", time.Duration(w), rebalance.DefaultConfig().FloorWindow)
 	}
 	if n := c.Coordinator.MaxAgentsPerRegion; n < 0 {
 		bad("cluster.coordinator.max_agents_per_region", "%d: must not be negative (0: the default, %d)", n, rebalance.DefaultConfig().MaxAgentsPerRegion)

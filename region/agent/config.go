@@ -334,6 +334,18 @@ func (c *Config) ResolvedSafeFraction() float64 {
 	return rebalance.DefaultConfig().SafeFraction
 }
 
+// ResolvedIdleSafeFraction is the idle floors' fraction the agent's node
+// and its coordinator run with in a cluster:
+// cluster.coordinator.idle_safe_fraction when set, else the coordinator's
+// default (rebalance.DefaultConfig, 0.01); never above the safe fraction.
+func (c *Config) ResolvedIdleSafeFraction() float64 {
+	f := rebalance.DefaultConfig().IdleSafeFraction
+	if c.Cluster.Coordinator.IdleSafeFraction > 0 {
+		f = c.Cluster.Coordinator.IdleSafeFraction
+	}
+	return min(f, c.ResolvedSafeFraction())
+}
+
 // NodeConfig is the region node's configuration from the agent's: region,
 // agent and regions, Δ, agents, the booking horizon (reserve_max_wait),
 // OneSlot on a Redis Cluster, the safe fraction (ResolvedSafeFraction:
@@ -348,6 +360,9 @@ func (c *Config) NodeConfig() region.Config {
 		n.Regions = c.Regions
 	}
 	n.SafeFraction = c.ResolvedSafeFraction()
+	if c.Cluster.Enabled() {
+		n.IdleSafeFraction = c.ResolvedIdleSafeFraction()
+	}
 	n.Interval = c.Interval.D()
 	n.Agents = c.Agents
 	n.MaxReserveWait = c.ReserveMaxWait.D()    // validated against the fence in a cluster
