@@ -592,6 +592,12 @@ func (r *Run) buildRegions() error {
 	if f := r.sc.SafeFraction; f != nil {
 		cfg.SafeFraction = *f
 	}
+	if f := r.sc.IdleSafeFraction; f != nil {
+		cfg.IdleSafeFraction = *f
+	}
+	if r.sc.FloorWindow > 0 {
+		cfg.FloorWindow = r.sc.FloorWindow.D()
+	}
 	cfg.Strategy = r.strategy
 	if r.baseline() {
 		cfg.Strategy = "static" // unused: the baselines have no coordinator
@@ -622,6 +628,7 @@ func (r *Run) buildRegions() error {
 			ncfg.Interval = cfg.Interval
 			ncfg.Agents = rg.Agents
 			ncfg.SafeFraction = cfg.SafeFraction
+			ncfg.IdleSafeFraction = cfg.IdleSafeFraction
 			ncfg.MaxSkew = cfg.MaxSkew
 			ncfg.MaxReserveWait = cfg.Fence // the horizon the agent allows: the fence
 			ncfg.Fence = true               // as the agent on one Redis: deliverHead raises the region fence

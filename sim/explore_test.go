@@ -521,6 +521,30 @@ func TestShrunkSchedulesReplayClean(t *testing.T) {
 		// table does not name starts marked unnamed (rebalance's
 		// TestForgottenAgentNamedAgainRestores).
 		{"explore-16-2630-forgotten.yaml", func(f *FaultsSpec) []int { return []int{len(f.Partitions), len(f.AgentCrash)} }, []int{1, 1}},
+		// Seed 10's schedule 210 at the shipped settings, found while idle
+		// floors were being built: eu-1 lost the table that lowered eu to
+		// its idle floor of a key (9 % message loss), and the increase went
+		// out once eu's other agents had it — its store fenced, but eu-1,
+		// fenced out, ran its safe share, and then its lapse would have
+		// too: Σ in force 1,029,943 ppm. A fenced-out decision runs at the
+		// idle floor, and an increase whose wait ended by a lease gives up
+		// the lowered region's decrease (rebalance's
+		// TestLoweredFloorKeptWhenUnacknowledged).
+		{"explore-10-210-lost-decrease.yaml", func(f *FaultsSpec) []int { return []int{len(f.Partitions)} }, []int{0}},
+		// Seed 1's schedule 166, found then too: after a coordinator
+		// failover and key churn, ap held 99.3 % of a key, silent, while
+		// eu and us, at their idle floors, showed demand; the term raised
+		// their floors to the safe share while keeping ap's: 993,334 + 2 ×
+		// 33,333 ppm in the table, Σ in force 1,029,999. The live regions keep what they hold until the
+		// silent one expires (TestSilentRegionHoldingTheBudget).
+		{"explore-1-166-held-region.yaml", func(f *FaultsSpec) []int { return []int{len(f.KeyChurn)} }, []int{1}},
+		// Seed 50's schedule 1067 at the shipped settings, found then too:
+		// the KV bucket is lost while ap is partitioned; the blind term 3
+		// publishes floors, its safe shares, raising ap's share of a key
+		// from the 3,333 ppm term 2 left it to 33,333 while eu still ran
+		// term 2's 993,320: Σ 1,029,986 ppm. A learning term publishes the
+		// keys new to it at their idle floors (rebalance's coldRows).
+		{"explore-50-1067-blind-floors.yaml", func(f *FaultsSpec) []int { return []int{len(f.KVLoss), len(f.Partitions)} }, []int{1, 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {

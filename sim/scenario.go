@@ -79,6 +79,13 @@ type Scenario struct {
 	// its first table and after a lapse, so a smaller one admits less then
 	// and leaves more to the regions with demand.
 	SafeFraction *float64 `yaml:"safe_fraction,omitempty"`
+	// IdleSafeFraction is the part of every budget the floors of regions
+	// without recent demand for a key share, and the floors a key no table
+	// names runs at (rebalance.Config.IdleSafeFraction; unset: its
+	// default). FloorWindow is how long a region keeps its full floor after
+	// its last demand (rebalance.Config.FloorWindow; 0: its default).
+	IdleSafeFraction *float64 `yaml:"idle_safe_fraction,omitempty"`
+	FloorWindow      Duration `yaml:"floor_window"`
 	// Shift is the time of the scripted shift convergence is measured from
 	// (0: none).
 	Shift Duration `yaml:"shift"`
@@ -759,6 +766,12 @@ func (s *Scenario) Validate() error {
 	}
 	if f := s.SafeFraction; f != nil && (math.IsNaN(*f) || *f <= 0 || *f > 1) {
 		bad("safe_fraction", "%v: must be in (0, 1] (the part of every budget the regions' floors share; a region needs a floor to run a key before its first table)", *f)
+	}
+	if f := s.IdleSafeFraction; f != nil && (math.IsNaN(*f) || *f <= 0 || *f > 1) {
+		bad("idle_safe_fraction", "%v: must be in (0, 1] (the part of every budget the floors of regions without recent demand share; a region needs a floor to run a key before its first table)", *f)
+	}
+	if s.FloorWindow < 0 {
+		bad("floor_window", "%s: must not be negative", s.FloorWindow.D())
 	}
 	if s.Lease < 0 || s.MaxSkew < 0 || s.Fence < 0 || s.Shift < 0 || s.Shift > s.Duration {
 		bad("lease, max_skew, fence, shift", "must not be negative (and shift within the run)")

@@ -58,6 +58,10 @@ func coordinatorConfig(cfg *agent.Config) rebalance.Config {
 		rc.MaxAgentsPerRegion = cc.MaxAgentsPerRegion
 	}
 	rc.SafeFraction = cfg.ResolvedSafeFraction() // the node's floors are the coordinator's
+	rc.IdleSafeFraction = cfg.ResolvedIdleSafeFraction()
+	if w := cfg.Cluster.Coordinator.FloorWindow; w > 0 {
+		rc.FloorWindow = time.Duration(w)
+	}
 	return rc
 }
 
