@@ -91,22 +91,7 @@ func take(c *Coordinator) []*Table {
 // observe reports demand (offered cost per interval) by key for one agent.
 func observe(t *testing.T, c *Coordinator, region, agent string, interval int64, now int64, demand map[string]int64) {
 	t.Helper()
-	r := &Report{Region: region, Agent: agent, Interval: interval}
-	if tb := c.Latest(); tb != nil {
-		r.Term, r.Epoch = tb.Term, tb.Epoch
-	}
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range demand {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
-		r.Keys = append(r.Keys, KeyDemand{Key: k, Demand: Demand{Offered: demand[k], OfferedCost: demand[k]}})
-	}
-	if err := c.Observe(r, now); err != nil {
-		t.Fatalf("Observe %s/%s interval %d: %v", region, agent, interval, err)
-	}
+	observeFeatures(t, c, region, agent, interval, now, demand, 0)
 }
 
 func sharesOf(tb *Table, key string) []uint32 {
