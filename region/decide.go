@@ -323,10 +323,18 @@ func (n *Node) schedule(s *snapshot, rule *Rule, name string) gcra.Schedule {
 }
 
 // withFence is sch, a schedule of row r under snapshot s, carrying s's
-// table as the region fence when it runs that table's share (Config.Fence):
-// a named, live table's row, not reduced, for the rule's own budget.
+// table as the region fence (Config.Fence) — also when the row runs
+// reduced (a lapse, a table that does not name this agent, a budget being
+// rolled out): min(last share, safe share) is more than the idle floor a
+// sibling's newer table may have lowered the region to (rebalance's idle
+// floors), so once the store holds a newer fence this agent decides at
+// the idle floor (unfenced). A region cut off whole raises no newer fence
+// and keeps its safe shares. (Explorer schedule 1474 of seed 53: us-2,
+// cut off from NATS, lapsed to its safe share of a key, unfenced, while
+// us-1 ran term 3's idle floor of it and the rest was given away — Σ in
+// force 1,029,949 ppm.)
 func (n *Node) withFence(s *snapshot, rule *Rule, r *row, sch gcra.Schedule) gcra.Schedule {
-	if n.cfg.Fence && r != nil && s.hasTable && s.named && !s.lapsed && r.sub%2 == 0 && r.budget == rule.Limit {
+	if n.cfg.Fence && r != nil && s.hasTable {
 		sch.Fence = gcra.Fence{Term: s.term, Epoch: s.epoch}
 	}
 	return sch

@@ -94,3 +94,70 @@ func TestNodeRegionFenceRefusesOlderTables(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeLapsedDecisionsCarryTheFence: an agent whose lease lapsed runs
+// every key at min(last share, safe share) — what a region cut off whole
+// keeps — but its decisions still carry its table's fence, so once a
+// sibling applies a newer table (which may have lowered the region to its
+// idle floor, rebalance's idle floors) the store refuses them and the
+// agent decides at its idle floor. It fails on the commit before: lapsed
+// decisions carried no fence and ran the safe share (explorer schedule
+// 1474 of seed 53).
+func TestNodeLapsedDecisionsCarryTheFence(t *testing.T) {
+	const t0 = int64(1_700_000_000_000_000)
+	ctx := context.Background()
+	budget := gcra.PerHour(100, 10)
+	clock := t0
+	ms, err := memstore.New(memstore.Config{Clock: func() int64 { return clock }, Shards: 1, MaxKeys: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := func(agent string) *Node {
+		cfg := DefaultConfig("eu", agent, regions...)
+		cfg.Fence = true
+		cfg.DenyCache = false
+		cfg.SafeFraction = 0.5
+		cfg.IdleSafeFraction = 0.1
+		n, err := NewNode(cfg, mustPolicy(t, testPolicy), ms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	eu1, eu2 := node("eu-1"), node("eu-2")
+	safe := SafeLimit(budget, eu1.safe, len(regions))
+	idle := SafeLimit(budget, eu1.idle, len(regions))
+	limitOf := func(n *Node, now int64) gcra.Limit {
+		t.Helper()
+		var d Decision
+		if err := n.Decide(ctx, now, req(1, tenant("acme")), &d); err != nil || d.Fallback {
+			t.Fatalf("decide: %v (fallback %v)", err, d.Fallback)
+		}
+		return d.Matches[0].Result.Limit
+	}
+	first := naming(table(1, 1, t0, t0-hour, 1, 900_000, acme), "eu-1", "eu-2")
+	for _, n := range []*Node{eu1, eu2} {
+		if err := n.Apply(first, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := ms.RaiseFence(ctx, gcra.Fence{Term: 1, Epoch: 1}); err != nil {
+		t.Fatal(err)
+	}
+	lapse := first.Leases[0] + 1
+	clock = lapse
+	eu1.Tick(lapse)
+	if got := limitOf(eu1, lapse); got != safe {
+		t.Fatalf("lapsed, the store's fence at its table: decided at %v, want min(90 %%, safe) = %v", got, safe)
+	}
+	second := naming(table(1, 2, lapse, lapse, 2, 50_000, acme), "eu-1", "eu-2")
+	if err := eu2.Apply(second, lapse); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ms.RaiseFence(ctx, gcra.Fence{Term: 1, Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := limitOf(eu1, lapse); got != idle {
+		t.Fatalf("lapsed behind a sibling's newer fence: decided at %v, want the idle floor's %v", got, idle)
+	}
+}

@@ -545,6 +545,12 @@ func TestShrunkSchedulesReplayClean(t *testing.T) {
 		// term 2's 993,320: Σ 1,029,986 ppm. A learning term publishes the
 		// keys new to it at their idle floors (rebalance's coldRows).
 		{"explore-50-1067-blind-floors.yaml", func(f *FaultsSpec) []int { return []int{len(f.KVLoss), len(f.Partitions)} }, []int{1, 1}},
+		// Seed 53's schedule 1474, found then too: us-2, cut off from
+		// NATS but not from its Redis, lapsed to its safe share of a key,
+		// its decisions unfenced, while us-1 ran term 3's idle floor of it
+		// and the rest went to eu and ap: Σ 1,029,949 ppm. A reduced row's
+		// decisions carry the fence too (region.Node's withFence).
+		{"explore-53-1474-lapsed-sibling.yaml", func(f *FaultsSpec) []int { return []int{len(f.KVLoss), len(f.AgentPartition)} }, []int{1, 2}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
