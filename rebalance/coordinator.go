@@ -47,9 +47,9 @@ type Coordinator struct {
 	// idleFor: per key × region, the rebalances since the last that
 	// counted demand there (saturating at 255; a new key starts there).
 	idleFor []uint8
-	// coldPub: per key, published at the idle floors while the term
-	// learns — a key new to the term, which an earlier term's table may
-	// give any region no more than its idle floor (see publish).
+	// coldPub: per key, left out of the tables while the term learns — a
+	// key new to the term, which an earlier term's table may give any
+	// region no more than its idle floor (see omitCold).
 	coldPub []bool
 
 	agents map[agentKey]*agentState

@@ -785,6 +785,9 @@ func TestVersionCountsChanges(t *testing.T) {
 	changes := 0
 	for i := 1; i < len(tables); i++ {
 		p, n := tables[i-1], tables[i]
+		if len(p.Keys) != len(n.Keys) {
+			continue // a learning term's tables leave its new keys out (omitCold)
+		}
 		for k := range n.Keys {
 			want := p.Keys[k].Version
 			if !slices.Equal(p.Keys[k].Shares, n.Keys[k].Shares) || !slices.Equal(p.Keys[k].Bursts, n.Keys[k].Bursts) {

@@ -202,13 +202,15 @@ func TestSilentRegionHoldingTheBudget(t *testing.T) {
 	}
 }
 
-// TestBlindTermPublishesIdleFloors: a term that starts with no stored table
+// TestBlindTermLeavesNewKeysOut: a term that starts with no stored table
 // cannot know what earlier terms left each region; one may have lowered a
-// region to its idle floor and given the rest away. So while it learns it
-// publishes its keys at the idle floors (counting them at the safe shares),
-// and only after its wait at what it counts. It fails without coldRows
-// (explorer schedule 1067 of seed 50: Σ in force 1,029,986 ppm).
-func TestBlindTermPublishesIdleFloors(t *testing.T) {
+// region to its idle floor and given the rest away. So while it learns
+// its tables leave out the keys new to it (they run as keys no table
+// names: reduced, then at the idle floor), and only after its wait give
+// them rows, at least the safe shares it counted them at. It fails
+// without omitCold (explorer schedule 1067 of seed 50; 996, 1195 and
+// 1697 of seed 52).
+func TestBlindTermLeavesNewKeysOut(t *testing.T) {
 	cfg := unitConfig("a", "b", "c")
 	cfg.IdleSafeFraction = 0.01
 	c := mustCoordinator(t, cfg, budget("k"))
@@ -216,17 +218,15 @@ func TestBlindTermPublishesIdleFloors(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := take(c)[0]
-	if got, want := sharesOf(first, "k"), []uint32{3333, 3333, 3333}; !slices.Equal(got, want) {
-		t.Errorf("blind term's first table %v, want the idle floors %v", got, want)
+	if got := sharesOf(first, "k"); got != nil {
+		t.Errorf("blind term's first table gives k %v, want no row", got)
 	}
-	end := c.learnUntil
-	c.Tick(end)
+	c.Tick(c.learnUntil)
 	tbs := take(c)
 	if len(tbs) == 0 {
 		t.Fatal("no table once the wait ended")
 	}
-	after := tbs[len(tbs)-1]
-	if got := sharesOf(after, "k"); got[0] < 33333 || got[1] < 33333 || got[2] < 33333 {
-		t.Errorf("after the wait %v, want at least the safe shares", got)
+	if got := sharesOf(tbs[len(tbs)-1], "k"); len(got) != 3 || got[0] < 33333 || got[1] < 33333 || got[2] < 33333 {
+		t.Errorf("after the wait %v, want a row of at least the safe shares", got)
 	}
 }

@@ -487,7 +487,6 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 			}
 		}
 	}
-	shares, bursts = c.coldRows(shares, bursts)
 	// Rows of keys whose shares did not change are shared with the previous
 	// table (tables are immutable once published); changed rows get new
 	// shares, limits and a version one higher.
@@ -541,39 +540,39 @@ func (c *Coordinator) publish(now, eff int64, shares []uint32, bursts []int64) {
 		c.pubB = make([]int64, K*n)
 	}
 	copy(c.pubB, bursts)
+	c.omitCold(t)
 	c.latest = t
 	c.ready = append(c.ready, t)
 }
 
-// coldRows is shares and bursts as a learning term publishes them: the
-// rows of keys new to the term (coldPub) at most at the idle floors and
-// their bursts. The term counts such a key at the safe shares — an agent
+// omitCold leaves out of t, a learning term's table, the keys new to the
+// term (coldPub). The term counts such a key at the safe shares — an agent
 // still on an earlier table that lapses runs min(last share, safe share)
 // — but an earlier term may have lowered any region of it to its idle
 // floor and given the rest away, and its agents may still run that table
-// until the learning wait ends: publishing the safe share there would be
-// an increase nobody waited for (explorer schedule 1067 of seed 50 at the
+// until the learning wait ends: a row giving the safe shares would be an
+// increase nobody waited for (explorer schedule 1067 of seed 50 at the
 // shipped settings: a blind term's floors raised ap from 3,333 to 33,333
-// ppm while eu still ran 993,320 of the term before, Σ 1,029,986). After
-// learning, publish takes them as they are (a new version: c.pub holds
-// what was published).
-func (c *Coordinator) coldRows(shares []uint32, bursts []int64) ([]uint32, []int64) {
+// ppm while eu still ran 993,320 of the term before, Σ 1,029,986), and a
+// row at the idle floors, taken as what runs by a term that starts from
+// this table, would count at 3,333 a region an agent of which runs its
+// safe share (seed 52's schedule 1195: Σ 1,059,966). Left out, the key runs as a key the
+// table no longer names — reduced, min(last share, safe share), then at
+// the idle floor — which is what the term counts, and the next term
+// finds it new too. Once learning ends, the key's row goes out.
+func (c *Coordinator) omitCold(t *Table) {
 	if !c.learning || !slices.Contains(c.coldPub, true) {
-		return shares, bursts
+		return
 	}
-	n := c.nR
-	shares, bursts = slices.Clone(shares), slices.Clone(bursts)
-	for k, cold := range c.coldPub {
-		if !cold {
+	keys := make([]KeyShares, 0, len(t.Keys))
+	for k, ks := range t.Keys {
+		if c.coldPub[k] {
+			c.rows[k] = KeyShares{} // published afresh after learning
 			continue
 		}
-		for r := range n {
-			j := k*n + r
-			shares[j] = min(shares[j], c.idle[r])
-			bursts[j] = min(bursts[j], SafeBurst(c.budgets[k].Limit.Burst(), c.idle[r], n))
-		}
+		keys = append(keys, ks)
 	}
-	return shares, bursts
+	t.Keys = keys
 }
 
 // prevAgents returns the agents the latest table named in region r.

@@ -550,6 +550,14 @@ func TestShrunkSchedulesReplayClean(t *testing.T) {
 		// its decisions unfenced, while us-1 ran term 3's idle floor of it
 		// and the rest went to eu and ap: Σ 1,029,949 ppm. A reduced row's
 		// decisions carry the fence too (region.Node's withFence).
+		// Seed 52's schedule 1195, found then too: the KV bucket is lost
+		// and NATS fails while us is partitioned; a learning term
+		// published the keys new to it at their idle floors, and the next
+		// term, starting from that table, counted eu and ap at 3,333 ppm
+		// while their lapsed agents ran 33,333 of an older table: Σ
+		// 1,059,966 ppm. A learning term leaves its new keys out of its
+		// tables (rebalance's omitCold).
+		{"explore-52-1195-adopted-cold.yaml", func(f *FaultsSpec) []int { return []int{len(f.KVLoss), len(f.Partitions)} }, []int{1, 1}},
 		{"explore-53-1474-lapsed-sibling.yaml", func(f *FaultsSpec) []int { return []int{len(f.KVLoss), len(f.AgentPartition)} }, []int{1, 2}},
 	}
 	for _, tt := range tests {
