@@ -384,7 +384,8 @@ func (n *Node) ScheduleAt(rule *Rule, key string, now int64) gcra.Schedule {
 		return n.scheduleRow(rule, nil)
 	}
 	nr := n.lapsedRow(r, at)
-	return n.scheduleRow(rule, &nr)
+	// As the lapse's snapshot runs it: with the table's fence (withFence).
+	return n.withFence(s, rule, &nr, n.scheduleRow(rule, &nr))
 }
 
 // lapsedRow is o once the lease that ended at at has lapsed: reduced to

@@ -559,6 +559,11 @@ func TestShrunkSchedulesReplayClean(t *testing.T) {
 		// tables (rebalance's omitCold).
 		{"explore-52-1195-adopted-cold.yaml", func(f *FaultsSpec) []int { return []int{len(f.KVLoss), len(f.Partitions)} }, []int{1, 1}},
 		{"explore-53-1474-lapsed-sibling.yaml", func(f *FaultsSpec) []int { return []int{len(f.KVLoss), len(f.AgentPartition)} }, []int{1, 2}},
+		// Seed 54's schedule 2396 at the shipped settings: the same, with
+		// eu-2's lease passed but not yet lapsed by a tick — what its next
+		// decision runs (region.Node.ScheduleAt, which the checker reads)
+		// carried no fence where the decision itself does.
+		{"explore-54-2396-lapsing-sibling.yaml", func(f *FaultsSpec) []int { return []int{len(f.AgentPartition)} }, []int{1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
