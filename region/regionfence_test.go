@@ -25,26 +25,10 @@ func TestNodeRegionFenceRefusesOlderTables(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		node := func(agent string) *Node {
-			cfg := DefaultConfig("eu", agent, regions...)
-			cfg.Fence = fence
-			cfg.DenyCache = false // every decision reaches the store
-			n, err := NewNode(cfg, mustPolicy(t, testPolicy), ms)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-		eu1, eu2 := node("eu-1"), node("eu-2")
+		set := func(c *Config) { c.Fence = fence }
+		eu1, eu2 := fenceNode(t, ms, "eu-1", set), fenceNode(t, ms, "eu-2", set)
 		safe := SafeLimit(budget, eu1.safe, len(regions))
-		limitOf := func(n *Node) (gcra.Limit, gcra.Fence) {
-			t.Helper()
-			var d Decision
-			if err := n.Decide(ctx, t0, req(1, tenant("acme")), &d); err != nil || d.Fallback {
-				t.Fatalf("decide: %v (fallback %v)", err, d.Fallback)
-			}
-			return d.Matches[0].Result.Limit, d.Matches[0].Schedule.Fence
-		}
+		limitOf := func(n *Node) (gcra.Limit, gcra.Fence) { return fenceDecide(t, n, t0) }
 		first := naming(table(1, 1, t0, t0-hour, 1, 900_000, acme), "eu-1", "eu-2")
 		for _, n := range []*Node{eu1, eu2} {
 			if err := n.Apply(first, t0); err != nil {
@@ -112,28 +96,13 @@ func TestNodeLapsedDecisionsCarryTheFence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := func(agent string) *Node {
-		cfg := DefaultConfig("eu", agent, regions...)
-		cfg.Fence = true
-		cfg.DenyCache = false
-		cfg.SafeFraction = 0.5
-		cfg.IdleSafeFraction = 0.1
-		n, err := NewNode(cfg, mustPolicy(t, testPolicy), ms)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	eu1, eu2 := node("eu-1"), node("eu-2")
+	set := func(c *Config) { c.Fence, c.SafeFraction, c.IdleSafeFraction = true, 0.5, 0.1 }
+	eu1, eu2 := fenceNode(t, ms, "eu-1", set), fenceNode(t, ms, "eu-2", set)
 	safe := SafeLimit(budget, eu1.safe, len(regions))
 	idle := SafeLimit(budget, eu1.idle, len(regions))
 	limitOf := func(n *Node, now int64) gcra.Limit {
-		t.Helper()
-		var d Decision
-		if err := n.Decide(ctx, now, req(1, tenant("acme")), &d); err != nil || d.Fallback {
-			t.Fatalf("decide: %v (fallback %v)", err, d.Fallback)
-		}
-		return d.Matches[0].Result.Limit
+		l, _ := fenceDecide(t, n, now)
+		return l
 	}
 	first := naming(table(1, 1, t0, t0-hour, 1, 900_000, acme), "eu-1", "eu-2")
 	for _, n := range []*Node{eu1, eu2} {
@@ -160,4 +129,29 @@ func TestNodeLapsedDecisionsCarryTheFence(t *testing.T) {
 	if got := limitOf(eu1, lapse); got != idle {
 		t.Fatalf("lapsed behind a sibling's newer fence: decided at %v, want the idle floor's %v", got, idle)
 	}
+}
+
+// fenceNode is an agent of eu on store st, with every decision reaching
+// the store and cfg's other fields set by set.
+func fenceNode(t *testing.T, st gcra.Store, agent string, set func(*Config)) *Node {
+	t.Helper()
+	cfg := DefaultConfig("eu", agent, regions...)
+	cfg.DenyCache = false // every decision reaches the store
+	set(&cfg)
+	n, err := NewNode(cfg, mustPolicy(t, testPolicy), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// fenceDecide decides one acme request at now on n and returns the limit
+// that decided it and the fence it carried.
+func fenceDecide(t *testing.T, n *Node, now int64) (gcra.Limit, gcra.Fence) {
+	t.Helper()
+	var d Decision
+	if err := n.Decide(context.Background(), now, req(1, tenant("acme")), &d); err != nil || d.Fallback {
+		t.Fatalf("decide: %v (fallback %v)", err, d.Fallback)
+	}
+	return d.Matches[0].Result.Limit, d.Matches[0].Schedule.Fence
 }
