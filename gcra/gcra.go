@@ -294,6 +294,7 @@ func DecideAll(now int64, checks []Check, states, next []State, out []Result) (R
 	}
 	all := Combine(out)
 	if !all.Allowed {
+		write = false
 		for i := range out {
 			if out[i].Allowed {
 				// This limit would have admitted; with the composite denied,
@@ -301,16 +302,14 @@ func DecideAll(now int64, checks []Check, states, next []State, out []Result) (R
 				_, _, r, _ := Decide(states[i], now, &checks[i].Schedule, 0)
 				r.Allowed = false
 				out[i] = r
+				next[i] = states[i]
+				if checks[i].Cost > 0 {
+					next[i], _ = Rebase(states[i], now, &checks[i].Schedule)
+				}
 			}
-			next[i] = states[i]
-		}
-		write = false
-		for i := range checks {
-			if checks[i].Cost > 0 && !out[i].TooLarge {
-				var w bool
-				next[i], w = Rebase(states[i], now, &checks[i].Schedule)
-				write = write || w
-			}
+			// A denied check's next is what Decide left: the state as it
+			// was, or re-stored (Rebase).
+			write = write || next[i] != states[i]
 		}
 		return Combine(out), write, nil
 	}

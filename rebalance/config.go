@@ -197,7 +197,6 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// safe returns the floors in the order of regions.
 // floorIntervals is FloorWindow in rebalance intervals, rounded up: how
 // many rebalances without demand lower a region's floor of a key.
 func (c *Config) floorIntervals() int {
@@ -220,6 +219,7 @@ func (c *Config) idle(regions []string, safe []uint32) []uint32 {
 	return out
 }
 
+// safe returns the floors in the order of regions.
 func (c *Config) safe(regions []string) []uint32 {
 	unnamed := 0
 	for _, r := range regions {

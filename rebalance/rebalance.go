@@ -104,6 +104,9 @@ func (c *Coordinator) rebalance(now int64) {
 	lowerable := make([]bool, n)
 	store := make([]uint64, n)
 	for k, a := range c.agents {
+		if !idle {
+			break // floorRow reads no lowerable
+		}
 		r := c.ridx[k.region]
 		if a.store == 0 || (store[r] != 0 && store[r] != a.store) {
 			store[r] = math.MaxUint64
@@ -132,6 +135,10 @@ func (c *Coordinator) rebalance(now int64) {
 	}
 	f := c.scratch.floor[:n]
 	desired := c.buffer(K * n)
+	// Bursts are split from the shares (SplitBurst), so a change of shares
+	// can move burst from one region to another even where no share falls:
+	// a falling burst is a decrease too.
+	desiredB := make([]int64, K*n)
 	decrease := false
 	sc := &c.scratch
 	for k := range K {
@@ -172,14 +179,7 @@ func (c *Coordinator) rebalance(now int64) {
 				decrease = true
 			}
 		}
-	}
-	// Bursts are split from the shares (SplitBurst), so a change of shares
-	// can move burst from one region to another even where no share falls:
-	// a falling burst is a decrease too.
-	desiredB := make([]int64, K*n)
-	for k := range K {
-		c.floorRow(k, idle, lowerable, f)
-		splitRow(c.budgets[k].Limit, desired[k*n:(k+1)*n], f, desiredB[k*n:(k+1)*n])
+		splitRow(b.Limit, d, f, desiredB[k*n:(k+1)*n])
 	}
 	if !decrease {
 		for i := range desiredB {
@@ -280,18 +280,22 @@ func (c *Coordinator) holdSilent(d, cur, floor []uint32, alive, expired []bool) 
 	if !fixed {
 		return
 	}
-	if left < 0 {
-		// A silent region holds more than the live regions' floors leave
-		// (it took the budget while they were at their idle floors): they
-		// keep what they hold, up to their floors, until it is heard or
-		// expires. Σ cur ≤ PPM, so this fits.
+	// A silent region may hold more than the live regions' floors leave
+	// (it took the budget while they were at their idle floors): they keep
+	// what they hold, up to their floors, until it is heard or expires.
+	// Σ cur ≤ PPM, so that fits.
+	hold := left < 0
+	flo := func(r int) uint32 {
+		if hold {
+			return min(floor[r], cur[r])
+		}
+		return floor[r]
+	}
+	if hold {
 		left = int64(PPM)
 		for r := range n {
 			if alive[r] {
-				floor[r] = min(floor[r], cur[r])
-			}
-			if alive[r] {
-				left -= int64(floor[r])
+				left -= int64(flo(r))
 			} else {
 				left -= int64(d[r])
 			}
@@ -301,7 +305,7 @@ func (c *Coordinator) holdSilent(d, cur, floor []uint32, alive, expired []bool) 
 	for r := range n {
 		sc.weights[r] = 0
 		if alive[r] {
-			sc.weights[r] = float64(d[r] - min(d[r], floor[r]))
+			sc.weights[r] = float64(d[r] - min(d[r], flo(r)))
 		}
 	}
 	if left < 0 {
@@ -326,7 +330,7 @@ func (c *Coordinator) holdSilent(d, cur, floor []uint32, alive, expired []bool) 
 	}
 	for r := range n {
 		if alive[r] {
-			d[r] = floor[r] + uint32(sc.fixed[r])
+			d[r] = flo(r) + uint32(sc.fixed[r])
 		}
 	}
 }
@@ -644,17 +648,6 @@ func (c *Coordinator) floorRow(k int, idle bool, lowerable []bool, f []uint32) {
 		}
 	}
 }
-
-// cold is what a key new to the coordinator is taken to run at in every
-// region: the safe shares. Agents run a key no table names at their idle
-// floors, but a key new to the coordinator may be one an agent still runs
-// under an earlier table (one an earlier term or this one published before
-// the key left), at min(last share, safe share) once that table's lease
-// passes (explorer schedule 33 of seed 10: a term took a key it learned
-// from reports to run at its idle floors, and gave the rest away while a
-// lapsed region ran its safe share). Its first rebalance lowers the
-// floors of the regions without demand, acknowledged like any decrease.
-func (c *Coordinator) cold() []uint32 { return c.safe }
 
 // idleFloors reports whether every agent the coordinator knows, and every
 // member, runs a key no table names at its idle floor (AgentIdleFloors):
