@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/ed25519"
@@ -80,6 +81,11 @@ type agentWatch struct {
 	applied *rebalance.Table      // the last table its node applied
 	rd      *protocol.TableReader // its reader, as the agent's loop keeps it (nil: not yet made)
 }
+
+// maxDecodedBytes bounds the encoded size of the messages whose decoding
+// a run keeps (Run.decoded): every reader reads a message soon after it is
+// stored, so the cache only has to span a table's reads.
+const maxDecodedBytes = 8 << 20
 
 // decoded is a message's wire.Decode, kept per distinct message.
 type decoded struct {
@@ -166,7 +172,16 @@ func (r *Run) newReader() *protocol.TableReader {
 			return d.m, d.err
 		}
 		m, err := wire.Decode(wireCluster, b, lim, r.verifyKeys)
+		if r.decodedBytes+int64(len(b)) > maxDecodedBytes {
+			// A cache: what is read again is decoded again. Bounded here,
+			// where it grows: cleared only when a chunked table was
+			// stored, it kept every head of a run whose tables were all
+			// deltas (many-keys: 3.5 GiB after a simulated hour).
+			clear(r.decoded)
+			r.decodedBytes = 0
+		}
 		r.decoded[&b[0]] = decoded{m, err}
+		r.decodedBytes += int64(len(b))
 		return m, err
 	})
 	return rd
@@ -211,7 +226,15 @@ func (r *Run) storeTable(ci int, prev uint64, t *rebalance.Table, chunks [][]byt
 		return 0, fmt.Errorf("%w (term %d epoch %d on revision %d)", protocol.ErrFenced, t.Term, t.Epoch, prev)
 	}
 	r.bucketSeq++
-	r.tkv.head, r.tkv.rev, r.tkv.byCoord = chunks[0], r.bucketSeq, true
+	head := chunks[0]
+	if len(chunks) > 1 {
+		// The encoder writes a table's chunks into one buffer: a head
+		// kept (genuine, the decode cache) would keep every row with it
+		// long after the purge below dropped its chunks — 3.5 GiB after
+		// one simulated hour of many-keys, which keeps 512 heads.
+		head = bytes.Clone(head)
+	}
+	r.tkv.head, r.tkv.rev, r.tkv.byCoord = head, r.bucketSeq, true
 	if len(chunks) > 1 {
 		if r.tkv.chunks == nil {
 			r.tkv.chunks = map[[2]uint64][][]byte{}
@@ -231,13 +254,18 @@ func (r *Run) storeTable(ci int, prev uint64, t *rebalance.Table, chunks [][]byt
 			}
 		}
 		r.tkv.chunks[cur] = chunks[1:]
-		if len(r.decoded) > 4096 {
-			clear(r.decoded) // a cache: what is read again is decoded again
-		}
 	}
-	r.tkv.genuine = append(r.tkv.genuine, storedHead{at: r.now, head: chunks[0]})
-	if len(r.tkv.genuine) > maxGenuine {
-		r.tkv.genuine = slices.Delete(r.tkv.genuine, 0, len(r.tkv.genuine)-maxGenuine)
+	r.tkv.genuine = append(r.tkv.genuine, storedHead{at: r.now, head: head})
+	drop := len(r.tkv.genuine) - maxGenuine
+	if span := r.replaySpan(); span >= 0 {
+		// Older heads than a replay can still ask for go: keep the newest
+		// stored at or before now − span, which a replay then picks as
+		// it picked before (headWrite), and every later one.
+		i, _ := slices.BinarySearchFunc(r.tkv.genuine, r.now-span+1, func(s storedHead, t int64) int { return cmp.Compare(s.at, t) })
+		drop = max(drop, i-1)
+	}
+	if drop > 0 {
+		r.tkv.genuine = slices.Delete(r.tkv.genuine, 0, drop)
 	}
 	return r.tkv.rev, nil
 }
@@ -386,6 +414,25 @@ func (r *Run) lostBucket() {
 	r.elect = electKV{}
 	r.bucketSeq = 0
 	r.watchesFail(-1, -1)
+}
+
+// replaySpan is how far back a replayed head the run has still to write
+// may reach (µs): the largest Age of those after now, 0 with none left,
+// or -1 while a replay at now may still come.
+func (r *Run) replaySpan() int64 {
+	span := int64(0)
+	for _, h := range r.sc.Faults.Heads {
+		if h.Kind != "replayed" {
+			continue
+		}
+		if at := us(h.At); at < r.now {
+			continue
+		} else if at == r.now {
+			return -1
+		}
+		span = max(span, cmp.Or(us(h.Age), 10_000_000))
+	}
+	return span
 }
 
 // headWrite performs fault h: a write to the head by something other than

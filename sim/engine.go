@@ -293,12 +293,13 @@ type Run struct {
 	crev     uint64                 // the head revision the running term last wrote or read
 
 	// The KV bucket and NATS (cluster.go).
-	tkv        tableStore
-	bucketSeq  uint64 // the bucket's revision sequence (head and election key)
-	signKey    ed25519.PrivateKey
-	forgeKey   ed25519.PrivateKey
-	verifyKeys []ed25519.PublicKey
-	decoded    map[*byte]decoded // each distinct message's wire.Decode (newReader)
+	tkv          tableStore
+	bucketSeq    uint64 // the bucket's revision sequence (head and election key)
+	signKey      ed25519.PrivateKey
+	forgeKey     ed25519.PrivateKey
+	verifyKeys   []ed25519.PublicKey
+	decoded      map[*byte]decoded // each distinct message's wire.Decode (newReader)
+	decodedBytes int64             // the encoded bytes of the messages in decoded
 	// krng draws the links of the agents' own head reads (resyncs, watch
 	// re-creations) and of duplicates: a stream of its own, so that runs
 	// without faults draw their workload exactly as before the bucket was

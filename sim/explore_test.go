@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -282,15 +283,25 @@ func TestExploreFindsPlantedBug(t *testing.T) {
 // flight to ap is replaced by a stale copy its agents' Followers refuse,
 // as if the coordinator stopped publishing to it.
 func loseTablesToAP(r *Run, e *event) {
-	if r.now < 2_000_000 || len(r.tkv.genuine) == 0 {
+	if len(r.tkv.head) == 0 || !r.tkv.byCoord {
+		return
+	}
+	// The run's first head, kept here: the run itself keeps only the heads
+	// a replay fault may still ask for.
+	v, _ := firstHeads.LoadOrStore(r, r.tkv.head)
+	stale := v.([]byte)
+	if r.now < 2_000_000 {
 		return
 	}
 	for i, m := range r.msgs {
-		if hm, ok := m.(*headMsg); ok && &hm.head[0] != &r.tkv.genuine[0].head[0] && r.regions[r.events.slotRegion(i)].name == "ap" {
-			r.msgs[i] = &headMsg{head: r.tkv.genuine[0].head, rev: hm.rev}
+		if hm, ok := m.(*headMsg); ok && &hm.head[0] != &stale[0] && r.regions[r.events.slotRegion(i)].name == "ap" {
+			r.msgs[i] = &headMsg{head: stale, rev: hm.rev}
 		}
 	}
 }
+
+// firstHeads is the first head each run with loseTablesToAP stored.
+var firstHeads sync.Map // *Run → []byte
 
 // slotRegion is the region a table in msgs slot i goes to (-1: none).
 func (h eventHeap) slotRegion(i int) int {
