@@ -3,8 +3,14 @@ package region
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/meridian-quota/meridian/gcra"
+	"github.com/meridian-quota/meridian/rebalance"
 
 	"github.com/meridian-quota/meridian/gcra/memstore"
 )
@@ -83,4 +89,68 @@ func BenchmarkDecideSerial(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkNodeHeapPerKey measures the heap a node holds per key in
+// demand: a million tenants resolved and recorded (the node's key
+// entries), then a table naming every one applied (its rows), as an agent
+// of a cluster holds them. The keys' store state is the store's (Redis in
+// production) and not counted. Run with -benchtime 1x: each iteration
+// builds a node of a million keys.
+func BenchmarkNodeHeapPerKey(b *testing.B) {
+	const keys = 1_000_000
+	var perKey, entries, rows float64
+	for b.Loop() {
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		before := ms.HeapAlloc
+		st, err := memstore.New(memstore.Config{Clock: func() int64 { return 0 }, Shards: 1, MaxKeys: 16})
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg := DefaultConfig("eu", "eu-1", regions...)
+		cfg.MaxKeys = 2 * keys
+		n, err := NewNode(cfg, mustPolicy(b, testPolicy), st)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r := &Request{Domain: "api", Descriptors: []Descriptor{{Entries: []Entry{{"tenant", ""}}}}, Cost: 1}
+		var d Decision
+		names := make([]string, keys)
+		for i := range keys {
+			r.Descriptors[0].Entries[0].Value = fmt.Sprintf("tenant-%07d", i)
+			if err := n.Resolve(r, &d); err != nil {
+				b.Fatal(err)
+			}
+			d.Allowed = true
+			n.Record(&d)
+			names[i] = KeyName("api", r.Descriptors[0].Entries)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		mid := ms.HeapAlloc
+		t := &rebalance.Table{Term: 1, Epoch: 1, Issued: 0, Effective: 0, Regions: regions,
+			Leases: []int64{30e6, 30e6}, Agents: [][]string{{"eu-1"}, {"us-1"}}, Keys: make([]rebalance.KeyShares, keys)}
+		lim := gcra.PerHour(100, 10)
+		for i, k := range names {
+			t.Keys[i] = rebalance.KeyShares{Key: k, Budget: lim, Shares: []uint32{600_000, 400_000}, Version: 1}
+		}
+		slices.SortFunc(t.Keys, func(a, b rebalance.KeyShares) int { return strings.Compare(a.Key, b.Key) })
+		names = nil
+		if err := n.Apply(t, 0); err != nil {
+			b.Fatal(err)
+		}
+		t = nil
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		after := ms.HeapAlloc
+		entries = float64(mid-before) / keys
+		rows = float64(after-mid) / keys
+		perKey = float64(after-before) / keys
+		runtime.KeepAlive(n)
+	}
+	b.ReportMetric(entries, "entry-B/key")
+	b.ReportMetric(rows, "row-B/key")
+	b.ReportMetric(perKey, "B/key")
 }
