@@ -566,7 +566,9 @@ func (n *Node) fallback(now int64, d *Decision, err error) {
 		l := localLimit(inForceAt(&ms[i].Schedule, now).Limit, agents)
 		var st gcra.State
 		if e := ms[i].entry; e != nil {
-			st = e.local
+			if r := e.rare.Load(); r != nil {
+				st = r.local
+			}
 		} else {
 			// An untracked key (beyond MaxKeys) has no local state to keep:
 			// starting full each time would admit without bound, so it is
@@ -592,7 +594,7 @@ func (n *Node) fallback(now int64, d *Decision, err error) {
 		}
 		ms[i].Result = d.results[j]
 		if write && ms[i].entry != nil {
-			ms[i].entry.local = d.next[j]
+			ms[i].entry.rareOf().local = d.next[j]
 		}
 		j++
 	}
@@ -975,7 +977,7 @@ func (n *Node) leased(ctx context.Context, now int64, d *Decision, m *Match) boo
 	if units == 0 || m.entry == nil || m.Cost == 0 || !steadyAt(&m.Schedule, now) || l.Burst() < 4*units {
 		return false
 	}
-	ls := &m.entry.lease
+	ls := &m.entry.rareOf().lease
 	ls.mu.Lock()
 	valid := now < ls.expires && ls.t == l.IntervalMicros() && ls.b == l.Burst() && ls.epoch == m.Schedule.Current.Epoch
 	if valid && ls.units >= m.Cost {

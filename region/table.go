@@ -460,7 +460,7 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 		n.fullSent, n.fullTerm, n.fullGen = true, s.term, s.gen
 	}
 	rep.Delta = delta && !full
-	n.localMu.Lock() // e.local; lock order: localMu, then shards
+	n.localMu.Lock() // e's local state; lock order: localMu, then shards
 	defer n.localMu.Unlock()
 	for i := range n.keys.shards {
 		sh := &n.keys.shards[i]
@@ -485,7 +485,7 @@ func (n *Node) Tick(now int64) *rebalance.Report {
 			}
 			if dm.Offered == 0 {
 				e.idle++
-				if e.idle >= idleReports && e.local.TAT <= now {
+				if e.idle >= idleReports && e.localTAT() <= now {
 					e.dead = true
 					delete(sh.m, name)
 					n.keys.n.Add(-1)
