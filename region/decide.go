@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
@@ -840,6 +841,51 @@ type denyInfo struct {
 	epoch uint64
 }
 
+// denyCache holds a key's denyInfo without allocating per denial: a
+// sequence lock over atomic fields. A writer makes seq odd, stores, and
+// makes it even again; a reader that sees seq odd or changed across its
+// reads takes it for no entry (the store decides). Writers do not wait: one
+// that finds another writing leaves the entry to it, and since every
+// entry is a lower bound of the store's TAT while its limit holds
+// (noteDenials), whichever lands is safe to deny by.
+type denyCache struct {
+	seq   atomic.Uint64
+	tat   atomic.Int64
+	t1, b atomic.Int64 // the limit's T plus one (0: no entry) and burst
+	epoch atomic.Uint64
+}
+
+// load returns the entry, if there is one and no writer is changing it.
+func (c *denyCache) load() (denyInfo, bool) {
+	s := c.seq.Load()
+	if s&1 == 1 {
+		return denyInfo{}, false
+	}
+	di := denyInfo{tat: c.tat.Load(), t: c.t1.Load() - 1, b: c.b.Load(), epoch: c.epoch.Load()}
+	if di.t < 0 || c.seq.Load() != s {
+		return denyInfo{}, false
+	}
+	return di, true
+}
+
+// store replaces the entry (ok false: removes it), unless another writer
+// is at it.
+func (c *denyCache) store(di denyInfo, ok bool) {
+	s := c.seq.Load()
+	if s&1 == 1 || !c.seq.CompareAndSwap(s, s+1) {
+		return
+	}
+	if ok {
+		c.tat.Store(di.tat)
+		c.t1.Store(di.t + 1)
+		c.b.Store(di.b)
+		c.epoch.Store(di.epoch)
+	} else {
+		c.t1.Store(0)
+	}
+	c.seq.Store(s + 2)
+}
+
 // noteDenials keeps the deny cache: after a denied request, the TAT the
 // store reported for each of its limits (each limit's result carries it:
 // now + ResetAfter is max(TAT, now), which decides every later instant the
@@ -871,18 +917,22 @@ func (n *Node) noteDenials(now int64, allowed bool, ms []Match) {
 		}
 		l := &m.Schedule.Current.Limit
 		tat := now + r.ResetAfter.Microseconds()
-		if old := m.entry.deny.Load(); old != nil && old.tat == tat && old.t == l.IntervalMicros() && old.b == l.Burst() &&
-			old.epoch == m.Schedule.Current.Epoch {
+		di := denyInfo{tat: tat, t: l.IntervalMicros(), b: l.Burst(), epoch: m.Schedule.Current.Epoch}
+		dc := &m.entry.rareOf().deny
+		if old, ok := dc.load(); ok && old == di {
 			continue
 		}
-		m.entry.deny.Store(&denyInfo{tat: tat, t: l.IntervalMicros(), b: l.Burst(), epoch: m.Schedule.Current.Epoch})
+		dc.store(di, true)
 	}
 }
 
 // forget drops e's cached TAT (an admission this node made moved it).
 func (e *entry) forget() {
-	if e != nil && e.deny.Load() != nil {
-		e.deny.Store(nil)
+	if e == nil {
+		return
+	}
+	if r := e.rare.Load(); r != nil && r.deny.t1.Load() != 0 {
+		r.deny.store(denyInfo{}, false)
 	}
 }
 
@@ -912,8 +962,8 @@ func (n *Node) denyCached(now int64, d *Decision, ms []Match) bool {
 	denied, peek := false, true
 	for i := range ms {
 		m := &ms[i]
-		di := m.entry.denyOf(&m.Schedule, now)
-		if di == nil {
+		di, ok := m.entry.denyOf(&m.Schedule, now)
+		if !ok {
 			return false // a limit whose state this node does not know
 		}
 		l := m.Schedule.Current.Limit
@@ -943,16 +993,20 @@ func (n *Node) denyCached(now int64, d *Decision, ms []Match) bool {
 }
 
 // denyOf is e's cached denial when it holds for schedule s at now.
-func (e *entry) denyOf(s *gcra.Schedule, now int64) *denyInfo {
+func (e *entry) denyOf(s *gcra.Schedule, now int64) (denyInfo, bool) {
 	if e == nil {
-		return nil
+		return denyInfo{}, false
 	}
-	di := e.deny.Load()
+	r := e.rare.Load()
+	if r == nil {
+		return denyInfo{}, false
+	}
+	di, ok := r.deny.load()
 	l := &s.Current.Limit
-	if di == nil || di.t != l.IntervalMicros() || di.b != l.Burst() || di.epoch != s.Current.Epoch || !steadyAt(s, now) {
-		return nil
+	if !ok || di.t != l.IntervalMicros() || di.b != l.Burst() || di.epoch != s.Current.Epoch || !steadyAt(s, now) {
+		return denyInfo{}, false
 	}
-	return di
+	return di, true
 }
 
 // leaseState is a key's local lease (Rule.LeaseUnits): units taken from the

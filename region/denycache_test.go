@@ -118,3 +118,37 @@ func TestNodeDenyCacheReportsWhatTheStoreWould(t *testing.T) {
 		t.Errorf("only %d deny-cache hits in the timeline", h)
 	}
 }
+
+// TestNodeDenialAllocatesNothing: a denial the store decides, which the
+// deny cache then keeps, allocates nothing once the key is known — the
+// hot path's rule (ARCHITECTURE: no allocation per request). Each round
+// comes an hour after the last (the table's lease has lapsed, so the key
+// runs its floor, a burst of 1): it admits one request (which clears the
+// cache), then sends one the store denies (which fills it) and one the
+// cache denies. Fails on e4c19e5: the
+// cache kept each denial in a new struct, one allocation per denial the
+// store decided.
+func TestNodeDenialAllocatesNothing(t *testing.T) {
+	n, _, clock := denyTwins(t)
+	r := req(1, tenant("acme"))
+	var d Decision
+	round := func() {
+		clock.Add(hour) // refilled: the first request is admitted
+		for i := range 3 {
+			if err := n.Decide(context.Background(), clock.Load(), r, &d); err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed != (i == 0) {
+				t.Fatalf("request %d of a round: allowed %v; want the first admitted, then denials", i, d.Allowed)
+			}
+		}
+	}
+	round() // the key's entry, its store state and the cache's part exist
+	hits := n.Stats().DenyCacheHits
+	if allocs := testing.AllocsPerRun(20, round); allocs != 0 {
+		t.Errorf("%v allocations a round of one admission and two denials; want 0", allocs)
+	}
+	if n.Stats().DenyCacheHits == hits {
+		t.Error("no denial came from the cache: the test no longer exercises it")
+	}
+}

@@ -237,7 +237,12 @@
 // store would admit. With several agents per region the retry-after or
 // reset it reports may be shorter, and a remaining larger, than the store's
 // (others admitted meanwhile). A request with a limit the node holds no TAT
-// for goes to the store.
+// for goes to the store. The cache allocates only once per key (its first
+// denial): it is a sequence lock over atomic fields, and a writer that
+// finds another at work leaves the entry to it — any entry is a lower bound
+// while its limit holds — and a reader that meets one goes to the store. So
+// under concurrent callers too a reported retry-after may be shorter than
+// the store's.
 //
 // # Failure and shadow
 //

@@ -25,10 +25,9 @@ type entry struct {
 
 	// listed is the demand the key was last listed with in a report
 	// (Config.ReportChange). Owned by the Tick goroutine, under the
-	// shard's write lock, with the fields below up to deny.
+	// shard's write lock, as are idle, dead and relist below.
 	listed rebalance.Demand
 
-	deny atomic.Pointer[denyInfo]  // the deny cache (Config.DenyCache)
 	rare atomic.Pointer[entryRare] // what few keys use (rareOf)
 
 	slot   uint32 // the key's offset within Config.ReportRefresh (FNV-1a of the name)
@@ -39,13 +38,14 @@ type entry struct {
 }
 
 // entryRare is the part of a key's entry that only some keys use, made on
-// first use (rareOf): the local failure mode's state, used while the store
-// fails, and the token prefetch of a rule with LeaseUnits. Kept in every
-// entry they cost every key 96 bytes; apart, and with the small fields
-// packed, an entry is 144 bytes instead of 248 (BenchmarkNodeHeapPerKey:
-// 296 B per key in demand for the entry, its name and its map slot,
-// instead of 408).
+// first use (rareOf): the deny cache of a key the store has denied, the
+// local failure mode's state, used while the store fails, and the token
+// prefetch of a rule with LeaseUnits. Kept in every entry they cost every
+// key over 100 bytes; apart, and with the small fields packed, an entry is
+// 136 bytes instead of 248 (BenchmarkNodeHeapPerKey: 296 B per key in
+// demand for the entry, its name and its map slot, instead of 408).
 type entryRare struct {
+	deny  denyCache  // Config.DenyCache
 	local gcra.State // guarded by Node.localMu
 	lease leaseState // Rule.LeaseUnits
 }
