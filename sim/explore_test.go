@@ -25,6 +25,21 @@ func exploreN(n, race int) int {
 	return n
 }
 
+// raceLen is how many of a list of n recorded schedules a replay test runs:
+// all of them, or under the race detector the first two. A schedule's run
+// is one goroutine's, so the detector finds nothing in the rest that the
+// first do not exercise, and CI replays every one without it (.ci/run's
+// second step); under it they cost the sim package about a minute.
+func raceLen(n int) int {
+	if raceEnabled() {
+		return min(n, 2)
+	}
+	return n
+}
+
+// raceSubset is the schedules a replay test runs (raceLen).
+func raceSubset(schedules []int) []int { return schedules[:raceLen(len(schedules))] }
+
 // knownFailures is the explorer's known-failure list (issue 16,
 // must-hold 2): protocol defects seed 1's schedules find, each with a
 // schedule that finds it. Each entry goes when its defect is fixed;
@@ -130,7 +145,7 @@ func passSeed1(t *testing.T, setup func(int, *Scenario), schedules ...int) {
 // passSeed is passSeed1 for the schedules of another seed.
 func passSeed(t *testing.T, seed uint64, setup func(int, *Scenario), schedules ...int) {
 	t.Helper()
-	for _, i := range schedules {
+	for _, i := range raceSubset(schedules) {
 		p := draw(ExploreBase(), seed, i, nil)
 		if setup != nil {
 			setup(i, p.sc)
@@ -388,7 +403,7 @@ func TestBucketAndHeadFaultsFixed(t *testing.T) {
 	for _, s := range []struct {
 		seed     uint64
 		schedule int
-	}{{1, 4}, {1, 18}, {1, 24}, {1, 37}, {1, 38}, {1, 97}, {1, 200}, {1, 291}, {7, 4738}, {7, 1609}, {7, 2677}} {
+	}{{1, 4}, {1, 18}, {1, 24}, {1, 37}, {1, 38}, {1, 97}, {1, 200}, {1, 291}, {7, 4738}, {7, 1609}, {7, 2677}}[:raceLen(11)] {
 		p := draw(ExploreBase(), s.seed, s.schedule, nil)
 		v, _, err := p.run(nil)
 		if err != nil {
@@ -576,7 +591,7 @@ func TestShrunkSchedulesReplayClean(t *testing.T) {
 		// carried no fence where the decision itself does.
 		{"explore-54-2396-lapsing-sibling.yaml", func(f *FaultsSpec) []int { return []int{len(f.AgentPartition)} }, []int{1}},
 	}
-	for _, tt := range tests {
+	for _, tt := range tests[:raceLen(len(tests))] {
 		t.Run(tt.file, func(t *testing.T) {
 			sc := replayClean(t, "testdata/"+tt.file)
 			if got := tt.faults(&sc.Faults); !slices.Equal(got, tt.want) {
