@@ -116,28 +116,29 @@ func BenchmarkNodeHeapPerKey(b *testing.B) {
 			b.Fatal(err)
 		}
 		r := &Request{Domain: "api", Descriptors: []Descriptor{{Entries: []Entry{{"tenant", ""}}}}, Cost: 1}
+		tenant := func(i int) string { return fmt.Sprintf("tenant-%07d", i) }
 		var d Decision
-		names := make([]string, keys)
 		for i := range keys {
-			r.Descriptors[0].Entries[0].Value = fmt.Sprintf("tenant-%07d", i)
+			r.Descriptors[0].Entries[0].Value = tenant(i)
 			if err := n.Resolve(r, &d); err != nil {
 				b.Fatal(err)
 			}
 			d.Allowed = true
 			n.Record(&d)
-			names[i] = KeyName("api", r.Descriptors[0].Entries)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&ms)
 		mid := ms.HeapAlloc
+		// The table's own key strings, as an agent decodes them, count
+		// with its rows.
 		t := &rebalance.Table{Term: 1, Epoch: 1, Issued: 0, Effective: 0, Regions: regions,
 			Leases: []int64{30e6, 30e6}, Agents: [][]string{{"eu-1"}, {"us-1"}}, Keys: make([]rebalance.KeyShares, keys)}
 		lim := gcra.PerHour(100, 10)
-		for i, k := range names {
-			t.Keys[i] = rebalance.KeyShares{Key: k, Budget: lim, Shares: []uint32{600_000, 400_000}, Version: 1}
+		for i := range t.Keys {
+			t.Keys[i] = rebalance.KeyShares{Key: KeyName("api", []Entry{{"tenant", tenant(i)}}), Budget: lim,
+				Shares: []uint32{600_000, 400_000}, Version: 1}
 		}
 		slices.SortFunc(t.Keys, func(a, b rebalance.KeyShares) int { return strings.Compare(a.Key, b.Key) })
-		names = nil
 		if err := n.Apply(t, 0); err != nil {
 			b.Fatal(err)
 		}

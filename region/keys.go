@@ -42,8 +42,8 @@ type entry struct {
 // local failure mode's state, used while the store fails, and the token
 // prefetch of a rule with LeaseUnits. Kept in every entry they cost every
 // key over 100 bytes; apart, and with the small fields packed, an entry is
-// 136 bytes instead of 248 (BenchmarkNodeHeapPerKey: 296 B per key in
-// demand for the entry, its name and its map slot, instead of 408).
+// 136 bytes instead of 248 (BenchmarkNodeHeapPerKey: 248 B per key in
+// demand for the entry, its name and its map slot, instead of 360).
 type entryRare struct {
 	deny  denyCache  // Config.DenyCache
 	local gcra.State // guarded by Node.localMu

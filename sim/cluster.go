@@ -84,8 +84,9 @@ type agentWatch struct {
 
 // maxDecodedBytes bounds the encoded size of the messages whose decoding
 // a run keeps (Run.decoded): every reader reads a message soon after it is
-// stored, so the cache only has to span a table's reads.
-const maxDecodedBytes = 8 << 20
+// stored, so the cache only has to span a table's reads. A variable only
+// so that a test can make the bound bite in a short run.
+var maxDecodedBytes int64 = 8 << 20
 
 // decoded is a message's wire.Decode, kept per distinct message.
 type decoded struct {
