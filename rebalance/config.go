@@ -211,7 +211,7 @@ func (c *Config) floorIntervals() int {
 func (c *Config) idle(regions []string, safe []uint32) []uint32 {
 	out := slices.Clone(safe)
 	if c.IdleSafeFraction > 0 {
-		def := uint32(math.Floor(c.IdleSafeFraction * PPM / float64(len(regions))))
+		def := EqualFloor(c.IdleSafeFraction, len(regions))
 		for i := range out {
 			out[i] = min(out[i], def)
 		}
@@ -229,7 +229,7 @@ func (c *Config) safe(regions []string) []uint32 {
 	}
 	def := uint32(0)
 	if unnamed > 0 {
-		def = uint32(math.Floor(c.SafeFraction * PPM / float64(len(regions))))
+		def = EqualFloor(c.SafeFraction, len(regions))
 	}
 	out := make([]uint32, len(regions))
 	for i, r := range regions {

@@ -92,36 +92,9 @@ func (c *Coordinator) rebalance(now int64) {
 	}
 
 	idle := c.idleFloors()
-	// A region's floors move down only while every agent the latest table
-	// names there has it in force: one that has not may miss the decrease
-	// too, and then the increase gives it up (keepLowered).
-	// And only in a region whose agents keep its store's fence, all on one
-	// store: an agent that missed the decrease, or that the coordinator has
-	// forgotten (partitioned, it runs min(last share, safe share)), is then
-	// refused by the store once a sibling has the decrease, and decides at
-	// its idle floor (region.Node's unfenced) — without the fence nothing
-	// would stop it.
-	lowerable := make([]bool, n)
-	store := make([]uint64, n)
-	for k, a := range c.agents {
-		if !idle {
-			break // floorRow reads no lowerable
-		}
-		r := c.ridx[k.region]
-		if a.store == 0 || (store[r] != 0 && store[r] != a.store) {
-			store[r] = math.MaxUint64
-		} else if store[r] == 0 {
-			store[r] = a.store
-		}
-	}
-	for r := range n {
-		named := c.prevAgents(r)
-		lowerable[r] = alive[r] && len(named) > 0 && store[r] != 0 && store[r] != math.MaxUint64
-		for _, a := range named {
-			if !c.acked(agentKey{c.regions[r], a}, c.term, c.latest.Epoch) {
-				lowerable[r] = false
-			}
-		}
+	var lowerable []bool // floorRow reads it only with idle floors
+	if idle {
+		lowerable = c.lowerable(alive)
 	}
 	for j, d := range c.demand {
 		if d > 0 {
@@ -621,6 +594,39 @@ func (c *Coordinator) free(b []uint32) {
 	if cap(b) > cap(c.spare[small]) {
 		c.spare[small] = b
 	}
+}
+
+// lowerable reports, per region, whether a rebalance may lower its floors
+// now: the coordinator hears it (alive), and every agent the latest table
+// names there has that table in force — one that has not may miss the
+// decrease too, and then the increase gives it up (keepLowered) — and its
+// agents keep its store's fence, all on one store: an agent that missed
+// the decrease, or that the coordinator has forgotten (partitioned, it
+// runs min(last share, safe share)), is then refused by the store once a
+// sibling has the decrease, and decides at its idle floor (region.Node's
+// unfenced). Without the fence nothing would stop it.
+func (c *Coordinator) lowerable(alive []bool) []bool {
+	n := c.nR
+	store := make([]uint64, n) // 0: none seen; MaxUint64: none, or several
+	for k, a := range c.agents {
+		r := c.ridx[k.region]
+		if a.store == 0 || (store[r] != 0 && store[r] != a.store) {
+			store[r] = math.MaxUint64
+		} else if store[r] == 0 {
+			store[r] = a.store
+		}
+	}
+	out := make([]bool, n)
+	for r := range n {
+		named := c.prevAgents(r)
+		out[r] = alive[r] && len(named) > 0 && store[r] != 0 && store[r] != math.MaxUint64
+		for _, a := range named {
+			if !c.acked(agentKey{c.regions[r], a}, c.term, c.latest.Epoch) {
+				out[r] = false
+			}
+		}
+	}
+	return out
 }
 
 // floorRow writes key k's floor in each region to f: its safe share

@@ -152,6 +152,14 @@ func RegionalLimit(global gcra.Limit, share uint32, burst int64) gcra.Limit {
 	return gcra.FromInterval(tr, b)
 }
 
+// EqualFloor is each of regions' part (ppm, rounded down) of fraction of
+// a budget split equally: the safe share of SafeFraction, the idle floor
+// of IdleSafeFraction. The coordinator's floors and the agents' must be
+// the same numbers, so every side computes them here.
+func EqualFloor(fraction float64, regions int) uint32 {
+	return uint32(math.Floor(fraction * PPM / float64(regions)))
+}
+
 // MinShare is the smallest non-zero share (ppm) of global that a region
 // can run: below it T_r = ceil(T·10⁶/s) exceeds gcra.MaxWindow and
 // RegionalLimit gives the zero limit. It is 1 for every limit of at least

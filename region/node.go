@@ -231,14 +231,14 @@ func (c *Config) idlePPM() uint32 {
 	if c.IdleSafeFraction <= 0 {
 		return s
 	}
-	return min(s, uint32(math.Floor(c.IdleSafeFraction*rebalance.PPM/float64(len(c.Regions)))))
+	return min(s, rebalance.EqualFloor(c.IdleSafeFraction, len(c.Regions)))
 }
 
 func (c *Config) safePPM() uint32 {
 	if c.SafeShare > 0 {
 		return c.SafeShare
 	}
-	return uint32(math.Floor(c.SafeFraction * rebalance.PPM / float64(len(c.Regions))))
+	return rebalance.EqualFloor(c.SafeFraction, len(c.Regions))
 }
 
 // Errors for bad requests and tables. A bad request consumes nothing.

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -339,7 +338,7 @@ func explainRequest(w io.Writer, p *region.Policy, f policyCheckFlags, descs [][
 		case f.regions == 1:
 			fmt.Fprintf(w, "  regional:  %s, burst %d: the full limit (standalone)\n", limitText(r.Limit, period), r.Limit.Burst())
 		default:
-			ppm := uint32(math.Floor(f.safeFraction * rebalance.PPM / float64(f.regions)))
+			ppm := rebalance.EqualFloor(f.safeFraction, f.regions)
 			floor := region.SafeLimit(r.Limit, ppm, f.regions)
 			if floor.IsZero() {
 				fmt.Fprintf(w, "  regional:  at least the safe floor %s (%d ppm of the limit): zero, a region at its floor denies every request;\n",
