@@ -152,6 +152,33 @@ func RegionalLimit(global gcra.Limit, share uint32, burst int64) gcra.Limit {
 	return gcra.FromInterval(tr, b)
 }
 
+// regionalBurst is RegionalLimit(global, share, burst).Burst() without
+// the division that T_r needs: the burst is burst (capped at MaxBurst)
+// unless the region's window would pass MaxWindow, and 0 where the limit
+// is zero. T_r = ceil(x) for x = T·10⁶/s < x + 1, so when
+// b·(T·10⁶ + s) ≤ MaxWindow·s, b·T_r ≤ MaxWindow holds and T_r ≤
+// MaxWindow with it: the common case, decided by multiplications alone.
+// The coordinator splits a burst for every key and region each rebalance
+// and needs only this.
+func regionalBurst(global gcra.Limit, share uint32, burst int64) int64 {
+	t := global.IntervalMicros()
+	if share == 0 || burst <= 0 || t <= 0 {
+		return 0
+	}
+	b := min(burst, gcra.MaxBurst)
+	// b·(T·10⁶ + s) against MaxWindow·s in 128 bits, when T·10⁶ < 2^63
+	// (T below about 100 days) so that T·10⁶ + s fits in 64.
+	if hi, lo := bits.Mul64(uint64(t), PPM); hi == 0 && lo < 1<<63 {
+		x := lo + uint64(share)
+		lh, ll := bits.Mul64(uint64(b), x)
+		rh, rl := bits.Mul64(uint64(gcra.MaxWindowMicros), uint64(share))
+		if lh < rh || (lh == rh && ll <= rl) {
+			return b
+		}
+	}
+	return RegionalLimit(global, share, burst).Burst()
+}
+
 // EqualFloor is each of regions' part (ppm, rounded down) of fraction of
 // a budget split equally: the safe share of SafeFraction, the idle floor
 // of IdleSafeFraction. The coordinator's floors and the agents' must be

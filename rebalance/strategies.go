@@ -701,8 +701,18 @@ func (in *Input) Validate() error {
 // for a non-zero share, so full gives every region the whole burst. A zero
 // budget gives zero limits. limits, demand, floors (when not nil), scratchW
 // and scratchB have len(shares) elements; scratchW and scratchB are
-// overwritten (scratchB with the bursts). It allocates nothing.
+// overwritten (scratchB with the limits' bursts). It allocates nothing.
 func Derive(budget gcra.Limit, shares []uint32, floors []int64, demand []bool, limits []gcra.Limit, scratchW []float64, scratchB []int64) {
+	deriveBursts(budget, shares, floors, demand, scratchW, scratchB)
+	for i, s := range shares {
+		limits[i] = RegionalLimit(budget, s, scratchB[i])
+	}
+}
+
+// deriveBursts is the bursts of Derive's limits, written to scratchB, with
+// no limit built: splitting a row (the coordinator, for every key and
+// region each rebalance) needs only these.
+func deriveBursts(budget gcra.Limit, shares []uint32, floors []int64, demand []bool, scratchW []float64, scratchB []int64) {
 	sum := int64(0)
 	for _, s := range shares {
 		sum += int64(s)
@@ -716,14 +726,13 @@ func Derive(budget gcra.Limit, shares []uint32, floors []int64, demand []bool, l
 			if s > 0 {
 				b = max(b, 1)
 			}
-			scratchB[i] = b
-			limits[i] = RegionalLimit(budget, s, b)
+			scratchB[i] = regionalBurst(budget, s, b)
 		}
 		return
 	}
 	SplitBurst(budget.Burst(), shares, floors, demand, scratchW, scratchB)
 	for i, s := range shares {
-		limits[i] = RegionalLimit(budget, s, scratchB[i])
+		scratchB[i] = regionalBurst(budget, s, scratchB[i])
 	}
 }
 

@@ -217,16 +217,15 @@ func split(budget gcra.Limit, shares, safe []uint32, out []int64, held bool) {
 	if held && sum < PPM {
 		m = n + 1 // the unheld ppm
 	}
-	var la [17]gcra.Limit
 	var wa [17]float64
 	var fa, ba [17]int64
 	var sa [17]uint32
 	var ha [17]bool
-	l, w, f, b, sh, has := la[:0], wa[:0], fa[:0], ba[:0], sa[:0], ha[:0]
-	if m <= len(la) {
-		l, w, f, b, sh, has = la[:m], wa[:m], fa[:m], ba[:m], sa[:m], ha[:m]
+	w, f, b, sh, has := wa[:0], fa[:0], ba[:0], sa[:0], ha[:0]
+	if m <= len(wa) {
+		w, f, b, sh, has = wa[:m], fa[:m], ba[:m], sa[:m], ha[:m]
 	} else {
-		l, w, f, b, sh, has = make([]gcra.Limit, m), make([]float64, m), make([]int64, m), make([]int64, m), make([]uint32, m), make([]bool, m)
+		w, f, b, sh, has = make([]float64, m), make([]int64, m), make([]int64, m), make([]uint32, m), make([]bool, m)
 	}
 	for i, s := range shares {
 		sh[i] = s
@@ -240,8 +239,6 @@ func split(budget gcra.Limit, shares, safe []uint32, out []int64, held bool) {
 	if m > n {
 		sh[n], has[n], f[n] = uint32(PPM-sum), false, 0
 	}
-	Derive(budget, sh, f, has, l, w, b)
-	for i := range n {
-		out[i] = l[i].Burst()
-	}
+	deriveBursts(budget, sh, f, has, w, b)
+	copy(out, b[:n])
 }
