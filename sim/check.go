@@ -174,7 +174,7 @@ func (c *checker) column(ri, a int) {
 	// gives it).
 	rules := n.Policy().Rules()
 	for k := range r.keys {
-		s := n.ScheduleAt(rules[k], r.keys[k].name, local)
+		s := n.ScheduleAt(rules[r.keys[k].rule], r.keys[k].name, local)
 		if !s.Fence.IsZero() {
 			if held, ok := rg.store.Fence(); !ok || s.Fence.Less(held) {
 				// The region's store refuses this table (its fence is
@@ -380,8 +380,9 @@ func (c *checker) converge(e *event) *Violation {
 					Detail: fmt.Sprintf("%s: a fresh node refuses its table %d/%d: %v", agentName(rg.name, a), w.applied.Term, w.applied.Epoch, err)}
 			}
 			for k := range r.keys {
-				got := shareOfLimit(rules[k].Limit, n.ScheduleAt(rules[k], r.keys[k].name, local).Current.Limit)
-				want := shareOfLimit(rules[k].Limit, fresh.ScheduleAt(rules[k], r.keys[k].name, local).Current.Limit)
+				rule := rules[r.keys[k].rule]
+				got := shareOfLimit(rule.Limit, n.ScheduleAt(rule, r.keys[k].name, local).Current.Limit)
+				want := shareOfLimit(rule.Limit, fresh.ScheduleAt(rule, r.keys[k].name, local).Current.Limit)
 				if got < want-convergeTolerance || got > want+convergeTolerance {
 					return &Violation{Check: CheckConverge, At: Duration(time.Duration(e.t) * time.Microsecond), Event: eventName(e.kind), Key: r.keys[k].name,
 						Detail: fmt.Sprintf("%s, lease + 3Δ after the last fault healed: key %s at %d ppm, its table %d/%d says %d ppm",
@@ -583,11 +584,11 @@ func (c *checker) after(r *Run, e *event) error {
 		var sum, bsum int64
 		budget := r.keys[k].budget
 		if one != nil {
-			budget = one.Rules()[k].Limit
+			budget = one.Rules()[r.keys[k].rule].Limit
 		}
 		bcap := budget.Burst()
 		if mixed != nil {
-			budget, bcap = loosest(mixed, k)
+			budget, bcap = loosest(mixed, r.keys[k].rule)
 		}
 		for ri, rg := range r.regions {
 			if c.down[ri] {
@@ -640,7 +641,7 @@ func (c *checker) policies() (mixed []*region.Policy, one *region.Policy) {
 	return mixed, nil
 }
 
-// loosest is the largest of the budgets ps give key k (the shortest
+// loosest is the largest of the budgets ps give rule k (the shortest
 // interval) and the largest burst.
 func loosest(ps []*region.Policy, k int) (gcra.Limit, int64) {
 	best := ps[0].Rules()[k].Limit
@@ -685,7 +686,7 @@ func (c *checker) regionsDetail(k int) string {
 			agents = append(agents, fmt.Sprintf("%s %d ppm burst %d (table %d/%d lease %s lapsed %v named %v%s; %s)",
 				agentName(rg.name, a), c.ppm[rg.first+a][k], c.burst[rg.first+a][k], st.Term, st.Epoch,
 				time.Duration(st.LeaseExpiry)*time.Microsecond, st.Lapsed, st.Named, pv,
-				scheduleDetail(n.ScheduleAt(n.Policy().Rules()[k], r.keys[k].name, rg.nodeNow(a, r.now)))))
+				scheduleDetail(n.ScheduleAt(n.Policy().Rules()[r.keys[k].rule], r.keys[k].name, rg.nodeNow(a, r.now)))))
 		}
 		state := ""
 		if c.down[ri] {

@@ -645,7 +645,7 @@ func (r *Run) creditClockStep(ri int, d int64) {
 			if rg.dead[a] {
 				continue
 			}
-			rule := n.Policy().Rules()[i]
+			rule := n.Policy().Rules()[r.keys[i].rule]
 			s := n.ScheduleAt(rule, r.keys[i].name, rg.nodeNow(a, r.now))
 			for _, l := range []gcra.Limit{s.Current.Limit, s.Previous.Limit} {
 				if l.Validate() == nil && !l.IsZero() && (fastest.IsZero() || l.IntervalMicros() < fastest.IntervalMicros()) {

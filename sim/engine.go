@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -136,6 +137,7 @@ func (h *eventHeap) pop() item {
 type key struct {
 	name   string     // region.KeyName
 	value  string     // the descriptor value
+	rule   int        // its rule's index in every policy version's Rules()
 	budget gcra.Limit // the ideal limiter's budget now (a policy reload changes it at its At)
 	// reqs, period, burst: the budget of each policy version
 	// (Run.policies), as the policy file writes it.
@@ -439,6 +441,8 @@ func (r *Run) buildKeys() error {
 		regW += rg.Weight
 	}
 	r.keys = make([]key, n)
+	classOf := map[sharedBudget]int{} // SharedRules: each distinct budget's rule
+	var classes []sharedBudget
 	for i := range r.keys {
 		k := &r.keys[i]
 		k.rank = i
@@ -452,10 +456,26 @@ func (r *Run) buildKeys() error {
 		if ratio == 0 {
 			ratio = math.Exp(mu + sc.Keys.Sigma*krng.NormFloat64())
 		}
-		budgetRate := k.rate / ratio
-		reqs, period, burst := budgetFor(max(budgetRate, 1.0/3600), sc.Keys.Burst)
-		k.name = region.KeyName("sim", []region.Entry{{Key: "k", Value: k.value}})
+		budgetRate := max(k.rate/ratio, 1.0/3600)
+		if sc.Keys.SharedRules {
+			budgetRate = math.Exp2(math.Floor(math.Log2(budgetRate)*sharedSteps) / sharedSteps)
+		}
+		reqs, period, burst := budgetFor(budgetRate, sc.Keys.Burst)
 		k.reqs, k.period, k.burst = []int64{reqs}, period, []int64{burst}
+		entries := []region.Entry{{Key: "k", Value: k.value}}
+		k.rule = i
+		if sc.Keys.SharedRules {
+			b := sharedBudget{reqs, period, burst}
+			c, ok := classOf[b]
+			if !ok {
+				c = len(classes)
+				classOf[b] = c
+				classes = append(classes, b)
+			}
+			k.rule = c
+			entries = []region.Entry{{Key: "c", Value: strconv.Itoa(c)}, {Key: "k", Value: k.value}}
+		}
+		k.name = region.KeyName("sim", entries)
 		// Region mix: home share plus the rest by weight.
 		home := pickWeighted(krng, sc.Regions)
 		k.mix = make([]float64, len(sc.Regions))
@@ -465,8 +485,7 @@ func (r *Run) buildKeys() error {
 		k.mix[home] += sc.Keys.HomeFraction
 		k.home = home
 		k.on = true
-		k.req = region.Request{Domain: "sim", Cost: 1,
-			Descriptors: []region.Descriptor{{Entries: []region.Entry{{Key: "k", Value: k.value}}}}}
+		k.req = region.Request{Domain: "sim", Cost: 1, Descriptors: []region.Descriptor{{Entries: entries}}}
 	}
 	if m := sc.Keys.Migrations; m != nil {
 		r.drawMigrations(m)
@@ -492,7 +511,24 @@ func (r *Run) buildKeys() error {
 	// One rule per key (descriptor value = the key's id): the policy the
 	// nodes resolve requests with is the one the coordinator's term budgets
 	// reported keys by (RuleForKey on the key's name).
+	if sc.Keys.SharedRules {
+		// One wildcard rule per distinct budget (no reloads: Validate).
+		var pol strings.Builder
+		pol.WriteString("domains:\n  - domain: sim\n    descriptors:\n")
+		for c, b := range classes {
+			fmt.Fprintf(&pol, "      - {key: c, value: \"%d\", descriptors: [{key: k, rate_limit: {period: %s, requests_per_unit: %d, burst: %d, failure_mode: %s}}]}\n",
+				c, b.period, b.reqs, b.burst, sc.FailureMode)
+		}
+		p, err := region.ParsePolicy([]byte(pol.String()))
+		if err != nil {
+			return fmt.Errorf("sim: build the policy: %w", err)
+		}
+		r.policies = append(r.policies, p)
+	}
 	for v := range len(r.reloads) + 1 {
+		if sc.Keys.SharedRules {
+			break
+		}
 		var pol strings.Builder
 		pol.WriteString("domains:\n  - domain: sim\n    descriptors:\n")
 		for i := range r.keys {
@@ -507,10 +543,22 @@ func (r *Run) buildKeys() error {
 		r.policies = append(r.policies, p)
 	}
 	r.policy = r.policies[0]
-	for i, rule := range r.policy.Rules() {
-		r.keys[i].budget = rule.Limit
+	rules := r.policy.Rules()
+	for i := range r.keys {
+		r.keys[i].budget = rules[r.keys[i].rule].Limit
 	}
 	return nil
+}
+
+// sharedSteps is SharedRules' grid: budget rates are rounded down to
+// 2^(j/sharedSteps) requests/s.
+const sharedSteps = 16
+
+// sharedBudget is one rule's budget under SharedRules.
+type sharedBudget struct {
+	reqs   int64
+	period time.Duration
+	burst  int64
 }
 
 // exactRate is q requests per period moved to the nearest rate whose

@@ -159,6 +159,16 @@ type KeysSpec struct {
 	// stays there. A trace gives each request's region, so it cannot be
 	// combined with migrations.
 	Migrations *MigrationSpec `yaml:"migrations,omitempty"`
+	// SharedRules writes the policy with one rule per distinct budget
+	// instead of one per key: each budget's rate is rounded down to a grid
+	// of 16 steps per doubling (at most 4.3 % lower) and its keys share a
+	// wildcard rule under a class descriptor, so the policy stays a few
+	// hundred rules at millions of keys (a rule per key is refused past
+	// about 100,000: the policy file's node limit). Each key keeps its own
+	// budget, state and shares, as a tenant=* rule gives every tenant.
+	// It cannot be combined with policy reloads, which change budgets per
+	// key.
+	SharedRules bool `yaml:"shared_rules,omitempty"`
 }
 
 // MigrationSpec bounds how many times each key's home moves.
@@ -704,6 +714,9 @@ func (s *Scenario) Validate() error {
 		if c.Step == 0 || c.Step.D() > time.Hour || c.Step.D() < -time.Hour {
 			bad(p+".step", "%s: must be nonzero and within ±1h", c.Step.D())
 		}
+	}
+	if s.Keys.SharedRules && len(s.Faults.PolicyReloads) > 0 {
+		bad("keys.shared_rules", "true: cannot be combined with faults.policy_reloads (a reload changes the budgets of single keys)")
 	}
 	for i, c := range s.Faults.PolicyReloads {
 		p := fmt.Sprintf("faults.policy_reloads[%d]", i)

@@ -432,6 +432,7 @@ workload: {rate: 100}
 		{"zero keys", strings.Replace(base, "count: 5", "count: 0", 1), "keys.count: 0"},
 		{"flash beyond keys", strings.Replace(base, "{rate: 100}", "{rate: 100, flash: [{region: eu, at: 1s, for: 1s, keys: 9, factor: 2}]}", 1), "workload.flash[0].keys: 9: must be in [1, keys.count]"},
 		{"empty file", "", "empty file"},
+		{"shared rules with reloads", strings.Replace(base, "ratio: 2}", "ratio: 2, shared_rules: true}", 1) + "faults: {policy_reloads: [{at: 2s, keys: 1, scale: 2}]}\n", "keys.shared_rules: true: cannot be combined with faults.policy_reloads"},
 		{"reload scale 1", base + "faults: {policy_reloads: [{at: 2s, keys: 1, scale: 1}]}\n", "faults.policy_reloads[0].scale: 1: must be in [0.01, 100] and not 1"},
 		{"reload scale 0", base + "faults: {policy_reloads: [{at: 2s, keys: 1, scale: 0}]}\n", "faults.policy_reloads[0].scale: 0"},
 		{"reload beyond keys", base + "faults: {policy_reloads: [{at: 2s, keys: 6, scale: 2}]}\n", "faults.policy_reloads[0].keys: 6: must be in [1, keys.count 5]"},
@@ -786,6 +787,58 @@ workload: {rate: 2000}
 	for _, bad := range []string{"migrations: {min: 2, max: 1}", "migrations: {min: -1, max: 1}"} {
 		if _, err := ParseScenario([]byte(strings.Replace(yml, "migrations: {min: 1, max: 3}", bad, 1))); err == nil || !strings.Contains(err.Error(), "keys.migrations") {
 			t.Errorf("%s: err = %v", bad, err)
+		}
+	}
+}
+
+// TestSharedRulesKeepKeysApart runs keys.shared_rules: the policy has one
+// rule per distinct budget, far fewer than keys, yet each key keeps the
+// budget its own demand drew (rounded down to the grid) and its own row in
+// the tables — as a tenant=* rule gives every tenant its own limit.
+func TestSharedRulesKeepKeysApart(t *testing.T) {
+	const yml = `
+name: s
+duration: 12s
+warmup: 2s
+regions: [{name: eu}, {name: us}]
+keys: {count: 1000, zipf: 0.5, sigma: 1, over_fraction: 0.3, burst_seconds: 1, home_fraction: 0.7}
+workload: {rate: 6000}
+`
+	perKey, err := NewRun(mustScenario(t, yml), "ewma", time.Second, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared, err := NewRun(mustScenario(t, strings.Replace(yml, "home_fraction: 0.7}", "home_fraction: 0.7, shared_rules: true}", 1)), "ewma", time.Second, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := shared.policy.Rules()
+	if len(rules) < 2 || len(rules) > len(shared.keys)/4 {
+		t.Fatalf("%d rules for %d keys, want a few shared ones", len(rules), len(shared.keys))
+	}
+	seen := map[string]bool{}
+	for i := range shared.keys {
+		k, p := &shared.keys[i], &perKey.keys[i]
+		if seen[k.name] {
+			t.Fatalf("key %d: name %q given twice", i, k.name)
+		}
+		seen[k.name] = true
+		if got := shared.policy.Match("sim", k.req.Descriptors[0].Entries); got != rules[k.rule] || k.budget != rules[k.rule].Limit {
+			t.Fatalf("key %d (%s): resolves to %v, budget %v; want rule %d (%v)", i, k.name, got, k.budget, k.rule, rules[k.rule].Limit)
+		}
+		// Rounded down by at most one grid step (2^(1/16) ≈ 4.4 %), give
+		// or take the whole requests budgetFor rounds to.
+		ps, pp := float64(k.reqs[0])/k.period.Seconds(), float64(p.reqs[0])/p.period.Seconds()
+		if ps > pp*1.001+1.0/60 || ps < pp/math.Exp2(1.0/sharedSteps)*0.999-1.0/60 {
+			t.Errorf("key %d: shared budget %.4g/s, per-key %.4g/s: not within one grid step below", i, ps, pp)
+		}
+	}
+	if _, err := shared.Simulate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, rg := range shared.regions {
+		if n := rg.nodes[0].Table().Keys; n <= len(rules) {
+			t.Errorf("%s: the table in force has %d keys, no more than the %d rules", rg.name, n, len(rules))
 		}
 	}
 }
