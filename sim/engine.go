@@ -267,6 +267,10 @@ func (fb *failBinding) Decide(ctx context.Context, s *gcra.Schedule, cost int64)
 // Run is one simulation: one scenario, strategy, interval and seed.
 type Run struct {
 	onArrival func(Arrival) // OnArrival
+	// timing: TimeTables was called; tableTimes the wall time of each
+	// table the coordinator made (see Result.TableTimes).
+	timing     bool
+	tableTimes []time.Duration
 	sc        *Scenario
 	strategy  string
 	interval  int64 // µs
@@ -869,6 +873,10 @@ func (r *Run) unpack(it item) event {
 	return e
 }
 
+// TimeTables makes Simulate measure the wall time the coordinator spends
+// on each table it makes (Result.TableTimes). Call it before Simulate.
+func (r *Run) TimeTables() { r.timing = true }
+
 // Simulate runs to the end and returns the result.
 func (r *Run) Simulate() (*Result, error) {
 	if r.trace != nil {
@@ -1090,6 +1098,10 @@ func (r *Run) handle(e *event) error {
 			c := r.cands[r.leader]
 			tm.Policy(r.regions[c.ri].nodes[c.a].Policy()) // its own agent's node's, as gossip.Loop hands it
 			tm.Members(r.live())
+			var start time.Time
+			if r.timing {
+				start = time.Now()
+			}
 			t := tm.Tick(r.coordNow())
 			if err := r.termEvents(); err != nil {
 				return err
@@ -1103,6 +1115,8 @@ func (r *Run) handle(e *event) error {
 				r.deposeCandidate(r.leader)
 			} else if err := r.publish(t); err != nil {
 				return err
+			} else if r.timing && t != nil {
+				r.tableTimes = append(r.tableTimes, time.Since(start))
 			}
 		}
 		r.schedule(event{t: e.t + r.tickEvery, kind: evCoordTick})

@@ -52,6 +52,12 @@ type Result struct {
 
 	Keys []KeyResult `json:"keys,omitempty"`
 	Top  []TopKey    `json:"top_keys,omitempty"`
+	// TableTimes, with Options.TimeTables, is the wall time of each table
+	// the coordinator made: its term's Tick (the rebalance, when one was
+	// due) and the table's encoding, signature and store, as gossip.Loop
+	// does them. It is the machine's time, not the scenario's, so no
+	// report format carries it.
+	TableTimes []time.Duration `json:"-"`
 }
 
 // WindowResult is the per-window metrics for one window size.
@@ -144,6 +150,7 @@ func (r *Run) result() *Result {
 		Fallbacks: r.dec.Fallbacks, Errored: r.dec.Errored, Lost: r.dec.Lost, BytesEstimated: r.strategy == ReplicatedCounter,
 		QueueDropped: r.dec.QueueDropped, Overflow: r.dec.Overflow, StaleTables: r.dec.StaleTables}
 	r.m.fill(res)
+	res.TableTimes = r.tableTimes
 	kr := float64(len(r.keys)*len(r.regions)) * float64(r.end) / 1e6
 	res.Messages = float64(r.dec.Reports+r.dec.Tables+r.dec.Acks) / kr
 	res.Bytes = float64(r.dec.ReportBytes+r.dec.TableBytes+r.dec.AckBytes) / kr

@@ -842,3 +842,36 @@ workload: {rate: 6000}
 		}
 	}
 }
+
+// TestTimeTablesChangesNoResult: timing the coordinator's tables (what
+// `meridian sim --bench` prints) records one wall time per table the
+// coordinator made and leaves the report byte-identical.
+func TestTimeTablesChangesNoResult(t *testing.T) {
+	sc := mustScenario(t, small)
+	opt := Options{Seeds: []uint64{1}, Strategies: []string{"ewma"}, Intervals: []time.Duration{time.Second}, KeyDetail: true}
+	var out [2]bytes.Buffer
+	for i, timed := range []bool{false, true} {
+		opt.TimeTables = timed
+		rep := sweep(t, sc, opt)
+		if err := rep.WriteJSON(&out[i]); err != nil {
+			t.Fatal(err)
+		}
+		got := rep.Runs[0].TableTimes
+		if !timed && got != nil {
+			t.Errorf("untimed run recorded %d table times", len(got))
+		}
+		// The coordinator rebalances every interval (and renews leases
+		// between), so the run makes at least one table per two seconds.
+		if timed && len(got) < int(sc.Duration.D()/time.Second)/2 {
+			t.Errorf("timed run recorded %d table times in %s at Δ = 1s", len(got), sc.Duration.D())
+		}
+		for _, d := range got {
+			if d < 0 {
+				t.Fatalf("a table took %s", d)
+			}
+		}
+	}
+	if !bytes.Equal(out[0].Bytes(), out[1].Bytes()) {
+		t.Fatal("timing the tables changed the JSON report")
+	}
+}

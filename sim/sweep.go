@@ -34,6 +34,8 @@ type Options struct {
 	KeyDetail bool
 	// Trace replays a validated trace instead of the scenario's workload.
 	Trace *Trace
+	// TimeTables fills each Result's TableTimes (Run.TimeTables).
+	TimeTables bool
 }
 
 // Report is a sweep: every run, and per strategy × interval the metrics
@@ -169,6 +171,9 @@ func Sweep(sc *Scenario, opt Options) (*Report, error) {
 				j := jobs[i]
 				r, err := NewRun(sc, j.strategy, j.interval, j.seed, opt.Trace)
 				if err == nil {
+					if opt.TimeTables {
+						r.TimeTables()
+					}
 					results[i], err = r.Simulate()
 				}
 				if err == nil && !opt.KeyDetail {

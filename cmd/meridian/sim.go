@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -111,7 +112,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *check {
 		return runCheck(sc, stdout)
 	}
-	opt := sim.Options{Workers: *workers, KeyDetail: *out != "", Stop: ctx.Done()}
+	opt := sim.Options{Workers: *workers, KeyDetail: *out != "", Stop: ctx.Done(), TimeTables: *bench}
 	if *strategies != "" {
 		opt.Strategies = strings.Split(*strategies, ",")
 	}
@@ -158,6 +159,10 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "scenario %s: %d runs, %d simulated decisions in %s on %d workers\n", sc.Name, len(rep.Runs), req, elapsed.Round(time.Millisecond), cpus)
 		fmt.Fprintf(stdout, "%.0f decisions/s in all, %.0f per core; peak RSS %s\n",
 			float64(req)/elapsed.Seconds(), float64(req)/elapsed.Seconds()/float64(cpus), peakRSS())
+		for _, r := range rep.Runs {
+			fmt.Fprintf(stdout, "  %s %s seed %d: control %.1f B and %.3f messages per key·region·s; %s\n",
+				r.Strategy, r.Interval.D(), r.Seed, r.Bytes, r.Messages, tableTimes(r.TableTimes))
+		}
 		return nil
 	}
 	if *out != "" {
@@ -298,4 +303,18 @@ func progressLine(done, total int, elapsed time.Duration) string {
 		s += fmt.Sprintf(", about %s left", left.Round(time.Second))
 	}
 	return s
+}
+
+// tableTimes summarizes the wall time of a run's tables: the coordinator's
+// Tick (with the rebalance when one was due) and the table's encoding,
+// signature and store. The coordinator is one, not sharded.
+func tableTimes(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "the coordinator made no table"
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return fmt.Sprintf("%d tables, coordinator wall time per table p50 %s, p90 %s, max %s",
+		len(s), q(0.5).Round(time.Microsecond), q(0.9).Round(time.Microsecond), s[len(s)-1].Round(time.Microsecond))
 }
