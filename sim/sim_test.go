@@ -454,7 +454,7 @@ workload: {rate: 100}
 
 func TestBuiltinsParse(t *testing.T) {
 	names := BuiltinNames()
-	for _, want := range []string{"steady-skew", "follow-the-sun", "flash-crowd", "region-failover", "partition", "retry-storm", "many-keys", "coordinator-failover", "mixed-reserve", "migrating"} {
+	for _, want := range []string{"steady-skew", "follow-the-sun", "flash-crowd", "region-failover", "partition", "retry-storm", "many-keys", "coordinator-failover", "mixed-reserve", "migrating", "huge"} {
 		if _, err := Builtin(want); err != nil {
 			t.Errorf("built-in %s: %v (have %v)", want, err, names)
 		}
