@@ -271,11 +271,11 @@ type Run struct {
 	// table the coordinator made (see Result.TableTimes).
 	timing     bool
 	tableTimes []time.Duration
-	sc        *Scenario
-	strategy  string
-	interval  int64 // µs
-	seed      uint64
-	rng       *rand.Rand
+	sc         *Scenario
+	strategy   string
+	interval   int64 // µs
+	seed       uint64
+	rng        *rand.Rand
 
 	now     int64
 	seq     uint64
