@@ -79,3 +79,45 @@ func benchRebalance(b *testing.B, tickOnly bool) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*keys), "ns/key")
 }
+
+// BenchmarkUpdateKeys measures the coordinator's key churn at 100,000 keys
+// across 10 regions: each op adds 100 keys it has never seen and removes
+// the 100 added the op before, as a term does when reports name new
+// tenants and others go idle.
+func BenchmarkUpdateKeys(b *testing.B) {
+	const keys, nR, churn = 100_000, 10, 100
+	regions := make([]string, nR)
+	for i := range regions {
+		regions[i] = fmt.Sprintf("r%02d", i)
+	}
+	cfg := unitConfig(regions...)
+	cfg.Strategy = DefaultConfig().Strategy
+	budgets := make([]Budget, keys)
+	for i := range budgets {
+		budgets[i] = budget(fmt.Sprintf("tenant-%07d", 2*i)) // the added keys fall between them
+	}
+	c, err := NewCoordinator(cfg, budgets)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		b.Fatal(err)
+	}
+	c.Advance()
+	var last []string
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		add := make([]Budget, churn)
+		names := make([]string, churn)
+		for j := range add {
+			// Spread over the key space: every row from the first new key
+			// on moves.
+			names[j] = fmt.Sprintf("tenant-%07d", 2*((i*churn+j)*997%keys)+1)
+			add[j] = budget(names[j])
+		}
+		if err := c.UpdateKeys(add, last); err != nil {
+			b.Fatal(err)
+		}
+		last = names
+	}
+}
