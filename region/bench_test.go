@@ -155,3 +155,57 @@ func BenchmarkNodeHeapPerKey(b *testing.B) {
 	b.ReportMetric(rows, "row-B/key")
 	b.ReportMetric(perKey, "B/key")
 }
+
+// BenchmarkApply measures what an agent pays for each table of a large,
+// churning cluster: 100,000 keys, each op a table one epoch on whose key
+// set lost the 100 keys the op before added and gained 100 new ones (as
+// tenants come and go idle), every share unchanged.
+func BenchmarkApply(b *testing.B) {
+	const keys, churn = 100_000, 100
+	st, err := memstore.New(memstore.Config{Clock: func() int64 { return 0 }, Shards: 1, MaxKeys: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	n, err := NewNode(DefaultConfig("eu", "eu-1", regions...), mustPolicy(b, testPolicy), st)
+	if err != nil {
+		b.Fatal(err)
+	}
+	lim := gcra.PerHour(100, 10)
+	row := func(i int) rebalance.KeyShares {
+		return rebalance.KeyShares{Key: KeyName("api", []Entry{{"tenant", fmt.Sprintf("tenant-%07d", i)}}), Budget: lim,
+			Shares: []uint32{600_000, 400_000}, Version: 1}
+	}
+	base := make([]rebalance.KeyShares, keys)
+	for i := range base {
+		base[i] = row(2 * i) // the churned keys fall between them
+	}
+	table := func(epoch uint64, extra []rebalance.KeyShares) *rebalance.Table {
+		ks := append(slices.Clone(base), extra...)
+		slices.SortFunc(ks, func(a, b rebalance.KeyShares) int { return strings.Compare(a.Key, b.Key) })
+		return &rebalance.Table{Term: 1, Epoch: epoch, Regions: regions, Leases: []int64{1 << 50, 1 << 50},
+			Agents: [][]string{{"eu-1"}, {"us-1"}}, Keys: ks}
+	}
+	// The tables are built before the clock runs: an agent decodes them.
+	const prebuilt = 16
+	tables := make([]*rebalance.Table, prebuilt)
+	for e := range tables {
+		extra := make([]rebalance.KeyShares, churn)
+		for j := range extra {
+			extra[j] = row(2*((e*churn+j)*997%keys) + 1)
+		}
+		tables[e] = table(uint64(e+2), extra)
+	}
+	if err := n.Apply(table(1, nil), 0); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	epoch := 0
+	for b.Loop() {
+		t := tables[epoch%prebuilt]
+		epoch++
+		t.Epoch = uint64(epoch + 1)
+		if err := n.Apply(t, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

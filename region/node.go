@@ -345,6 +345,9 @@ type rowSet struct {
 	index map[string]int
 	names []string
 	rows  []*row
+	// sorted: names[:sorted] are the table's keys, in its order (sorted);
+	// the rest are keys it dropped that still run reduced.
+	sorted int
 }
 
 func (rs *rowSet) get(name string) *row {

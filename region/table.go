@@ -109,25 +109,50 @@ func (n *Node) Apply(t *rebalance.Table, now int64) error {
 	}() {
 		// The same keys as the table in force (the common case): share the
 		// index and names.
-		rs = rowSet{index: old.rows.index, names: old.rows.names, rows: make([]*row, len(t.Keys))}
+		rs = rowSet{index: old.rows.index, names: old.rows.names, rows: make([]*row, len(t.Keys)), sorted: old.rows.sorted}
 		for i := range t.Keys {
 			rs.rows[i] = next(&t.Keys[i], old.rows.rows[i])
 		}
 	} else {
-		rs = rowSet{index: make(map[string]int, len(t.Keys)), names: make([]string, 0, len(t.Keys)), rows: make([]*row, 0, len(t.Keys))}
+		rs = rowSet{index: make(map[string]int, len(t.Keys)), names: make([]string, 0, len(t.Keys)), rows: make([]*row, 0, len(t.Keys)), sorted: len(t.Keys)}
+		// The table's keys and the old rows' sorted names, merged: a key's
+		// old row is found by walking, not by a map lookup (at 100,000
+		// keys a map lookup per key was a third of Apply). Old keys the
+		// table dropped are collected on the way; the old rows past the
+		// sorted names (kept reduced) are few and looked up.
+		sorted, tail := old.rows.names[:old.rows.sorted], len(old.rows.names) > old.rows.sorted
+		var dropped []int
+		j := 0
 		for i := range t.Keys {
 			ks := &t.Keys[i]
+			for j < len(sorted) && sorted[j] < ks.Key {
+				dropped = append(dropped, j)
+				j++
+			}
+			var o *row
+			if j < len(sorted) && sorted[j] == ks.Key {
+				o = old.rows.rows[j]
+				j++
+			} else if tail {
+				o = old.rows.get(ks.Key)
+			}
 			rs.index[ks.Key] = len(rs.rows)
 			rs.names = append(rs.names, ks.Key)
-			rs.rows = append(rs.rows, next(ks, old.rows.get(ks.Key)))
+			rs.rows = append(rs.rows, next(ks, o))
+		}
+		for ; j < len(sorted); j++ {
+			dropped = append(dropped, j)
+		}
+		for i := len(sorted); i < len(old.rows.names); i++ {
+			if _, ok := rs.index[old.rows.names[i]]; !ok {
+				dropped = append(dropped, i)
+			}
 		}
 		// A key the table no longer names runs reduced, for as long as
 		// state written under its last limit may live; then it is a key
 		// with no row (the safe share).
-		for i, k := range old.rows.names {
-			if _, ok := rs.index[k]; ok {
-				continue
-			}
+		for _, i := range dropped {
+			k := old.rows.names[i]
 			nr := n.reduce(old.rows.rows[i], now)
 			if last := inForceAt(&nr.sched, now); now < nr.sched.Current.Effective+windowMicros(last.Limit)+windowMicros(nr.sched.Previous.Limit) {
 				rs.index[k] = len(rs.rows)
@@ -347,7 +372,7 @@ func (n *Node) lapseIfDue(now int64) bool {
 func (n *Node) lapse(now int64) {
 	old := n.snap.Load()
 	at := n.leaseExpiry.Load()
-	rs := rowSet{index: old.rows.index, names: old.rows.names, rows: make([]*row, len(old.rows.rows))}
+	rs := rowSet{index: old.rows.index, names: old.rows.names, rows: make([]*row, len(old.rows.rows)), sorted: old.rows.sorted}
 	for i, o := range old.rows.rows {
 		nr := n.lapsedRow(o, at)
 		rs.rows[i] = &nr
