@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/meridian-quota/meridian/gcra"
@@ -29,21 +28,29 @@ type Coordinator struct {
 	dt      int64 // Δ, µs
 
 	// keys, indexed densely; per key × region arrays are key*nR + region
-	budgets []Budget // sorted by key: find looks a key up in them
-	kstrat  []Strategy
-	pinned  [][]uint32
-	cur     []uint32    // shares the latest table gives (in force once applied)
-	curB    []int64     // per key × region: the bursts the latest table gives
-	pub     []uint32    // shares of the latest table, to find what changed
-	pubB    []int64     // bursts of the latest table
-	targetB []int64     // during a transition: the bursts the increase will give
-	rows    []KeyShares // per key: the latest table's row (immutable once published)
-	stamp   []uint64    // per key: the report that last counted it (Observe)
-	seq     uint64      // reports observed
-	demand  []float64   // per key × region: demand at the last rebalance
-	target  []uint32    // during a transition: the shares the increase will give
-	version []uint64    // per key: how many times its shares changed
-	state   []float64
+	budgets []Budget
+	// kidx gives each key a slot that stays while the key does; at is
+	// each slot's index (slot: per key index, its slot; freeSlots: slots to
+	// reuse). Keys coming and going shift the indexes of the keys after
+	// them, and at is cheaper to rewrite than the map (index).
+	kidx      map[string]int32
+	slot      []int32
+	at        []int32
+	freeSlots []int32
+	kstrat    []Strategy
+	pinned    [][]uint32
+	cur       []uint32    // shares the latest table gives (in force once applied)
+	curB      []int64     // per key × region: the bursts the latest table gives
+	pub       []uint32    // shares of the latest table, to find what changed
+	pubB      []int64     // bursts of the latest table
+	targetB   []int64     // during a transition: the bursts the increase will give
+	rows      []KeyShares // per key: the latest table's row (immutable once published)
+	stamp     []uint64    // per key: the report that last counted it (Observe)
+	seq       uint64      // reports observed
+	demand    []float64   // per key × region: demand at the last rebalance
+	target    []uint32    // during a transition: the shares the increase will give
+	version   []uint64    // per key: how many times its shares changed
+	state     []float64
 	// idleFor: per key × region, the rebalances since the last that
 	// counted demand there (saturating at 255; a new key starts there).
 	idleFor []uint8
@@ -207,7 +214,7 @@ func NewCoordinator(cfg Config, budgets []Budget) (*Coordinator, error) {
 		perRegion: make([]int, len(regions)),
 		// Per-key state SetBudgets rekeys in place; pub and target stay
 		// nil until a table and a transition need them.
-		budgets: []Budget{}, kstrat: []Strategy{}, pinned: [][]uint32{},
+		budgets: []Budget{}, kidx: map[string]int32{}, slot: []int32{}, kstrat: []Strategy{}, pinned: [][]uint32{},
 		cur: []uint32{}, curB: []int64{}, rows: []KeyShares{}, stamp: []uint64{},
 		version: []uint64{}, state: []float64{}, idleFor: []uint8{}, coldPub: []bool{},
 	}
@@ -320,8 +327,11 @@ func (c *Coordinator) apply(p *rekey) {
 	for o, ni := range p.to {
 		if ni < 0 {
 			c.retiredFloor = max(c.retiredFloor, c.version[o]+1)
+			delete(c.kidx, c.budgets[o].Key)
+			c.freeSlots = append(c.freeSlots, c.slot[o])
 		}
 	}
+	c.slot = move(c.slot, p, 1)
 	c.budgets, c.kstrat, c.pinned = move(c.budgets, p, 1), move(c.kstrat, p, 1), move(c.pinned, p, 1)
 	c.version, c.stamp, c.rows = move(c.version, p, 1), move(c.stamp, p, 1), move(c.rows, p, 1)
 	c.cur, c.pub, c.target = move(c.cur, p, n), move(c.pub, p, n), move(c.target, p, n)
@@ -339,6 +349,16 @@ func (c *Coordinator) apply(p *rekey) {
 			continue
 		}
 		b := p.with[i]
+		if o < 0 { // a key new to the coordinator: a slot of its own
+			sl := int32(len(c.at))
+			if k := len(c.freeSlots); k > 0 {
+				sl, c.freeSlots = c.freeSlots[k-1], c.freeSlots[:k-1]
+			} else {
+				c.at = append(c.at, 0)
+			}
+			c.slot[i] = sl
+			c.kidx[b.Key] = sl
+		}
 		c.budgets[i] = b
 		c.kstrat[i], c.pinned[i], _ = c.validBudget(b, i)
 		lo, hi := i*n, (i+1)*n
@@ -418,6 +438,18 @@ func (c *Coordinator) apply(p *rekey) {
 		}
 		// Otherwise only the strategy, pinning or freezing changed: the
 		// shares, bursts, version and row stay.
+	}
+	// Each slot's index, now that the keys moved. Free slots are reused by
+	// the next new keys; once most are free they are given back.
+	if len(c.freeSlots) > 64 && len(c.freeSlots) > 3*len(c.slot) {
+		for i := range c.slot {
+			c.slot[i] = int32(i)
+			c.kidx[c.budgets[i].Key] = int32(i)
+		}
+		c.at, c.freeSlots = make([]int32, len(c.slot)), nil
+	}
+	for i, sl := range c.slot {
+		c.at[sl] = int32(i)
 	}
 	// Agents' demand is kept by key index; follow the keys.
 	for _, a := range c.agents {
@@ -673,42 +705,23 @@ func termOf(t *Table) uint64 {
 	return t.Term
 }
 
-// find returns the index of key in the sorted budgets, searching from
-// hint first: the keys of a report or a table come sorted (agents sort
-// their reports, tables are sorted), so each is looked for just past the
-// one before it, doubling the step until passed and then bisecting — a
-// few comparisons for a key near the last, about 2·log2 of the distance
-// otherwise. Any other order is found too, by bisecting the rest.
-// (A map from key to index, which every key added or removed before
-// others shifted, cost UpdateKeys a third of its time and the
-// coordinator some 50 bytes per key.)
-func (c *Coordinator) find(key string, hint int) (int, bool) {
-	b := c.budgets
-	lo, hi := 0, len(b)
-	if hint > 0 && hint <= len(b) && b[hint-1].Key < key {
-		// Every key below lo sorts before key; probe hi, hi+1, hi+3, hi+7…
-		// until one does not.
-		lo, hi = hint, hint
-		for step := 1; hi < len(b) && b[hi].Key < key; step *= 2 {
-			lo = hi + 1
-			hi += step
-		}
-		hi = min(hi+1, len(b))
+// index returns the index of key: its slot's (kidx, at).
+func (c *Coordinator) index(key string) (int, bool) {
+	sl, ok := c.kidx[key]
+	if !ok {
+		return 0, false
 	}
-	i, ok := slices.BinarySearchFunc(b[lo:hi], key, func(x Budget, k string) int { return strings.Compare(x.Key, k) })
-	return lo + i, ok
+	return int(c.at[sl]), true
 }
 
 // adopt takes a stored table's shares as the shares in force.
 func (c *Coordinator) adopt(t *Table) {
 	n := c.nR
-	next := 0
 	for _, ks := range t.Keys {
-		k, ok := c.find(ks.Key, next)
+		k, ok := c.index(ks.Key)
 		if !ok || len(ks.Shares) != len(t.Regions) {
 			continue
 		}
-		next = k + 1
 		c.coldPub[k] = false
 		row := c.cur[k*n : (k+1)*n]
 		copy(row, c.safe)
@@ -943,12 +956,10 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 	// One lookup per key; a key listed twice refuses the whole report. An
 	// agent's full reports list its keys in the same order each interval,
 	// so the key at the same place in its last one is tried first: a name
-	// comparison instead of a search (find, from just past the key found
-	// before: reports come sorted).
+	// comparison instead of a map lookup.
 	c.seq++
 	idx := c.scratch.keys[:0]
 	var unknown []string
-	next := 0
 	for i, kd := range r.Keys {
 		ki, ok := 0, false
 		if i < len(a.order) {
@@ -957,10 +968,7 @@ func (c *Coordinator) Observe(r *Report, now int64) error {
 			}
 		}
 		if !ok {
-			ki, ok = c.find(kd.Key, next)
-		}
-		if ok {
-			next = ki + 1
+			ki, ok = c.index(kd.Key)
 		}
 		if !ok {
 			unknown = append(unknown, kd.Key)

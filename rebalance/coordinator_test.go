@@ -1292,7 +1292,7 @@ func TestObserveOrderGuess(t *testing.T) {
 		err := c.Observe(r, (i+1)*dt)
 		want := map[string]int64{}
 		for j, k := range keys {
-			if _, ok := c.find(k, 0); ok {
+			if _, ok := c.index(k); ok {
 				want[k] = int64(10 * (j + 1))
 			}
 		}

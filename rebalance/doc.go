@@ -481,7 +481,7 @@
 // A coordinator holds, per key, its budget, the shares and bursts of the
 // shares in force, of the latest table and of a waiting increase, strategy
 // memory and one table row: at most 400 + 100·n bytes per key over n
-// regions (measured: 637 B at 3 regions, 1,279 B at 10, names of 15 bytes
+// regions (measured: 690 B at 3 regions, 1,332 B at 10, names of 15 bytes
 // included; TestCoordinatorMemoryPerKey). Per agent it keeps ~200 bytes
 // and 12 bytes per key its demand names (its last full report with every
 // delta since) plus 4 per key its last full report listed (their order,

@@ -396,7 +396,7 @@ func TestKeyNewWhileLearningGetsHeldBursts(t *testing.T) {
 	}
 	// What the term counts for it: the floors, each with only its part of
 	// the burst.
-	k, _ := c.find("k", 0)
+	k, _ := c.index("k")
 	got := c.curB[k*3 : k*3+3]
 	for r, b := range got {
 		if safe := SafeBurst(budget("k").Limit.Burst(), c.safe[r], 3); b > safe {
