@@ -16,24 +16,8 @@ func BenchmarkRebalance(b *testing.B) {
 // benchRebalance times the reports and the Tick, or (tickOnly) the Tick.
 func benchRebalance(b *testing.B, tickOnly bool) {
 	const keys, nR = 100_000, 10
-	regions := make([]string, nR)
-	for i := range regions {
-		regions[i] = fmt.Sprintf("r%02d", i)
-	}
-	cfg := unitConfig(regions...)
-	cfg.Strategy = DefaultConfig().Strategy
-	budgets := make([]Budget, keys)
-	for i := range budgets {
-		budgets[i] = budget(fmt.Sprintf("tenant-%06d", i))
-	}
-	c, err := NewCoordinator(cfg, budgets)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := c.StartTerm(1, nil, 0); err != nil {
-		b.Fatal(err)
-	}
-	c.Advance()
+	c, cfg, budgets := benchCoordinator(b, keys, nR, func(i int) string { return fmt.Sprintf("tenant-%06d", i) })
+	regions := cfg.Regions
 	// Two sets of reports, alternated, so that shares keep moving.
 	reports := make([][]Report, 2)
 	for v := range reports {
@@ -86,24 +70,8 @@ func benchRebalance(b *testing.B, tickOnly bool) {
 // tenants and others go idle.
 func BenchmarkUpdateKeys(b *testing.B) {
 	const keys, nR, churn = 100_000, 10, 100
-	regions := make([]string, nR)
-	for i := range regions {
-		regions[i] = fmt.Sprintf("r%02d", i)
-	}
-	cfg := unitConfig(regions...)
-	cfg.Strategy = DefaultConfig().Strategy
-	budgets := make([]Budget, keys)
-	for i := range budgets {
-		budgets[i] = budget(fmt.Sprintf("tenant-%07d", 2*i)) // the added keys fall between them
-	}
-	c, err := NewCoordinator(cfg, budgets)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := c.StartTerm(1, nil, 0); err != nil {
-		b.Fatal(err)
-	}
-	c.Advance()
+	// The added keys fall between the first ones.
+	c, _, _ := benchCoordinator(b, keys, nR, func(i int) string { return fmt.Sprintf("tenant-%07d", 2*i) })
 	var last []string
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
@@ -120,4 +88,28 @@ func BenchmarkUpdateKeys(b *testing.B) {
 		}
 		last = names
 	}
+}
+
+// benchCoordinator is a coordinator of keys named name(i) across nR
+// regions with the default strategy, at term 1 with its first table taken.
+func benchCoordinator(b *testing.B, keys, nR int, name func(int) string) (*Coordinator, Config, []Budget) {
+	regions := make([]string, nR)
+	for i := range regions {
+		regions[i] = fmt.Sprintf("r%02d", i)
+	}
+	cfg := unitConfig(regions...)
+	cfg.Strategy = DefaultConfig().Strategy
+	budgets := make([]Budget, keys)
+	for i := range budgets {
+		budgets[i] = budget(name(i))
+	}
+	c, err := NewCoordinator(cfg, budgets)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := c.StartTerm(1, nil, 0); err != nil {
+		b.Fatal(err)
+	}
+	c.Advance()
+	return c, cfg, budgets
 }
