@@ -174,12 +174,13 @@ func (c *checker) column(ri, a int) {
 	// gives it).
 	rules := n.Policy().Rules()
 	for k := range r.keys {
-		s := n.ScheduleAt(rules[r.keys[k].rule], r.keys[k].name, local)
+		rule := rules[r.keys[k].rule]
+		s := n.ScheduleAt(rule, r.keys[k].name, local)
 		if !s.Fence.IsZero() {
 			if held, ok := rg.store.Fence(); !ok || s.Fence.Less(held) {
 				// The region's store refuses this table (its fence is
 				// newer, or gone): the node decides at min(share, safe).
-				s = n.Unfenced(rules[k], s, local)
+				s = n.Unfenced(rule, s, local)
 			}
 		}
 		l := s.Current.Limit
@@ -187,7 +188,7 @@ func (c *checker) column(ri, a int) {
 			l = s.Previous.Limit
 			next = min(next, s.Current.Effective-rg.skew)
 		}
-		c.ppm[g][k] = shareOfLimit(rules[k].Limit, l)
+		c.ppm[g][k] = shareOfLimit(rule.Limit, l)
 		c.burst[g][k], c.lim[g][k] = l.Burst(), l
 	}
 	c.next[g] = next

@@ -343,7 +343,9 @@ func draw(base *Scenario, seed uint64, i int, kinds []string) *plan {
 	// own so that the other faults are those the schedule drew before
 	// reloads were drawn.
 	prng := rand.New(rand.NewPCG(seed^0x706f6c696379, uint64(i)))
-	if prng.IntN(4) == 0 && (kinds == nil || slices.Contains(kinds, "policy-reload")) {
+	// A base with keys.shared_rules cannot take one (Validate): its keys
+	// share rules, and a reload changes single keys' budgets.
+	if prng.IntN(4) == 0 && (kinds == nil || slices.Contains(kinds, "policy-reload")) && !base.Keys.SharedRules {
 		f := fault{Kind: "policy-reload", At: (time.Duration(prng.Int64N(int64(run*2/3))) + run/10).Round(100 * time.Millisecond)}
 		f.For = min(time.Duration(prng.IntN(31))*100*time.Millisecond, run-f.At-time.Second)
 		f.Keys = 1 + prng.IntN(max(1, sc.Keys.Count/2))

@@ -161,8 +161,10 @@ type KeysSpec struct {
 	Migrations *MigrationSpec `yaml:"migrations,omitempty"`
 	// SharedRules writes the policy with one rule per distinct budget
 	// instead of one per key: each budget's rate is rounded down to a grid
-	// of 16 steps per doubling (at most 4.3 % lower) and its keys share a
-	// wildcard rule under a class descriptor, so the policy stays a few
+	// of 16 steps per doubling (at most 4.3 % lower) before it is rounded
+	// to whole requests per minute or hour, as every simulated budget is
+	// (a budget of a few requests an hour may lose one more), and its keys
+	// share a wildcard rule under a class descriptor, so the policy stays a few
 	// hundred rules at millions of keys (a rule per key is refused past
 	// about 100,000: the policy file's node limit). Each key keeps its own
 	// budget, state and shares, as a tenant=* rule gives every tenant.

@@ -826,20 +826,29 @@ workload: {rate: 6000}
 		if got := shared.policy.Match("sim", k.req.Descriptors[0].Entries); got != rules[k.rule] || k.budget != rules[k.rule].Limit {
 			t.Fatalf("key %d (%s): resolves to %v, budget %v; want rule %d (%v)", i, k.name, got, k.budget, k.rule, rules[k.rule].Limit)
 		}
-		// Rounded down by at most one grid step (2^(1/16) ≈ 4.4 %), give
-		// or take the whole requests budgetFor rounds to.
+		// Rounded down by at most one grid step (2^(1/16): 4.3 %), give or
+		// take the one request per period budgetFor rounds to (and the 1 %
+		// validRate may add above 10,000/s).
 		ps, pp := float64(k.reqs[0])/k.period.Seconds(), float64(p.reqs[0])/p.period.Seconds()
-		if ps > pp*1.001+1.0/60 || ps < pp/math.Exp2(1.0/sharedSteps)*0.999-1.0/60 {
+		one := 1 / min(k.period.Seconds(), p.period.Seconds())
+		if ps > pp*1.01+one || ps < pp/math.Exp2(1.0/sharedSteps)*0.99-one {
 			t.Errorf("key %d: shared budget %.4g/s, per-key %.4g/s: not within one grid step below", i, ps, pp)
 		}
 	}
 	if _, err := shared.Simulate(); err != nil {
 		t.Fatal(err)
 	}
+	// Every key with demand has a row of its own in the tables.
 	for _, rg := range shared.regions {
 		if n := rg.nodes[0].Table().Keys; n <= len(rules) {
 			t.Errorf("%s: the table in force has %d keys, no more than the %d rules", rg.name, n, len(rules))
 		}
+	}
+	// The safety checks run on it too: each key measured against its own
+	// rule, not the rule at its key's index (which panicked).
+	v, err := CheckRun(mustScenario(t, strings.Replace(yml, "home_fraction: 0.7}", "home_fraction: 0.7, shared_rules: true}", 1)), "ewma", time.Second, 1)
+	if err != nil || v != nil {
+		t.Fatalf("CheckRun: violation %v, err %v", v, err)
 	}
 }
 
