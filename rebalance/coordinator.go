@@ -29,10 +29,11 @@ type Coordinator struct {
 
 	// keys, indexed densely; per key × region arrays are key*nR + region
 	budgets []Budget
-	// kidx gives each key a slot that stays while the key does; at is
-	// each slot's index (slot: per key index, its slot; freeSlots: slots to
-	// reuse). Keys coming and going shift the indexes of the keys after
-	// them, and at is cheaper to rewrite than the map (index).
+	// kidx gives each key a slot; at is each slot's index (slot: per key
+	// index, its slot; freeSlots: slots to reuse). Keys coming and going
+	// shift the indexes of the keys after them, and at is cheaper to
+	// rewrite than the map (index). A key keeps its slot until most slots
+	// are free and apply renumbers them all.
 	kidx      map[string]int32
 	slot      []int32
 	at        []int32

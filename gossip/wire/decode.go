@@ -36,7 +36,8 @@ import (
 // singular field given twice, or a packed field in unpacked form is
 // refused. Every error wraps ErrInvalid and says where and why. Decode
 // allocates at most a small multiple of len(b); the key names of one chunk
-// share one copy of its body. It never retains b. Safe for concurrent use.
+// share one string holding the names alone. It never retains b. Safe for
+// concurrent use.
 func Decode(cluster string, b []byte, lim Limits, keys []ed25519.PublicKey) (Message, error) {
 	if err := lim.Validate(); err != nil {
 		return Message{}, fmt.Errorf("wire: decode: %w", err)

@@ -239,6 +239,14 @@ func TestDecodeKeepsNamesApart(t *testing.T) {
 		names = append(names, ks.Key)
 	}
 	contiguous("table", names)
+	// Nor do they share the message's bytes: read while decoding without
+	// a copy, the names must have left it before Decode returned.
+	clear(msgs[0])
+	for i, ks := range got.Keys {
+		if ks.Key != tb.Keys[i].Key {
+			t.Fatalf("row %d: name %q after the message was overwritten, want %q", i, ks.Key, tb.Keys[i].Key)
+		}
+	}
 
 	msgs, err = wire.EncodeReport(cluster, testReport(500, 12), 1, wire.DefaultMaxMessage)
 	if err != nil {
