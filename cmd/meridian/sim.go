@@ -160,7 +160,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "%.0f decisions/s in all, %.0f per core; peak RSS %s\n",
 			float64(req)/elapsed.Seconds(), float64(req)/elapsed.Seconds()/float64(cpus), peakRSS())
 		for _, r := range rep.Runs {
-			fmt.Fprintf(stdout, "  %s %s seed %d: control %.1f B and %.3f messages per key·region·s; %s\n",
+			fmt.Fprintf(stdout, "  %s %s seed %d: control %.3g B and %.3g messages per key·region·s; %s\n",
 				r.Strategy, r.Interval.D(), r.Seed, r.Bytes, r.Messages, tableTimes(r.TableTimes))
 		}
 		return nil
