@@ -18,8 +18,8 @@ import (
 // sorted prefix emptied before each Apply: how Apply found rows before
 // the merge) must end up with the same rows after any sequence of tables
 // that add keys, drop them, bring dropped ones back while they still run
-// reduced, and change shares — whatever order the kept-reduced rows are
-// in.
+// reduced, and change shares, named or not, on time or late, with leases
+// lapsing between them — whatever order the kept-reduced rows are in.
 func TestApplyMergeMatchesLookup(t *testing.T) {
 	pol := mustPolicy(t, testPolicy)
 	rapid.Check(t, func(rt *rapid.T) {
@@ -39,8 +39,18 @@ func TestApplyMergeMatchesLookup(t *testing.T) {
 		lim := gcra.PerHour(100, 10)
 		now := int64(1_000_000)
 		for epoch := uint64(1); epoch <= uint64(rapid.IntRange(1, 12).Draw(rt, "tables")); epoch++ {
+			// Named or not (applied reduced), and now and then late (its
+			// lease already passed: applied lapsed).
+			lease := now + 60_000_000
+			if rapid.IntRange(0, 5).Draw(rt, "late") == 0 {
+				lease = now - 1
+			}
+			agents := [][]string{{"eu-1"}, {"us-1"}}
+			if rapid.IntRange(0, 4).Draw(rt, "unnamed") == 0 {
+				agents[0] = nil
+			}
 			tb := &rebalance.Table{Term: 1, Epoch: epoch, Issued: now, Effective: now + 100_000, Regions: regions,
-				Leases: []int64{now + 60_000_000, now + 60_000_000}, Agents: [][]string{{"eu-1"}, {"us-1"}}}
+				Leases: []int64{lease, lease}, Agents: agents}
 			for i := range 20 {
 				if rapid.Bool().Draw(rt, "named") {
 					eu := uint32(rapid.IntRange(100_000, 900_000).Draw(rt, "eu"))
@@ -70,7 +80,11 @@ func TestApplyMergeMatchesLookup(t *testing.T) {
 					rt.Fatalf("table %d: row %s: %+v, looked up %+v", epoch, a.names[i], *a.rows[i], *b.rows[i])
 				}
 			}
-			now += int64(rapid.IntRange(0, 20_000_000).Draw(rt, "advance"))
+			now += int64(rapid.IntRange(0, 90_000_000).Draw(rt, "advance"))
+			// The lease may pass before the next table: both nodes lapse
+			// (lapse keeps the rows' order and the sorted prefix).
+			merged.Tick(now)
+			looked.Tick(now)
 		}
 	})
 }
