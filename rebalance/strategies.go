@@ -703,9 +703,10 @@ func (in *Input) Validate() error {
 // and scratchB have len(shares) elements; scratchW and scratchB are
 // overwritten (scratchB with the limits' bursts). It allocates nothing.
 func Derive(budget gcra.Limit, shares []uint32, floors []int64, demand []bool, limits []gcra.Limit, scratchW []float64, scratchB []int64) {
-	deriveBursts(budget, shares, floors, demand, scratchW, scratchB)
+	splitBursts(budget, shares, floors, demand, scratchW, scratchB)
 	for i, s := range shares {
 		limits[i] = RegionalLimit(budget, s, scratchB[i])
+		scratchB[i] = limits[i].Burst()
 	}
 }
 
@@ -713,6 +714,15 @@ func Derive(budget gcra.Limit, shares []uint32, floors []int64, demand []bool, l
 // no limit built: splitting a row (the coordinator, for every key and
 // region each rebalance) needs only these.
 func deriveBursts(budget gcra.Limit, shares []uint32, floors []int64, demand []bool, scratchW []float64, scratchB []int64) {
+	splitBursts(budget, shares, floors, demand, scratchW, scratchB)
+	for i, s := range shares {
+		scratchB[i] = regionalBurst(budget, s, scratchB[i])
+	}
+}
+
+// splitBursts writes to scratchB the bursts Derive gives the regions
+// before each is held to its limit's window (RegionalLimit, regionalBurst).
+func splitBursts(budget gcra.Limit, shares []uint32, floors []int64, demand []bool, scratchW []float64, scratchB []int64) {
 	sum := int64(0)
 	for _, s := range shares {
 		sum += int64(s)
@@ -726,14 +736,11 @@ func deriveBursts(budget gcra.Limit, shares []uint32, floors []int64, demand []b
 			if s > 0 {
 				b = max(b, 1)
 			}
-			scratchB[i] = regionalBurst(budget, s, b)
+			scratchB[i] = b
 		}
 		return
 	}
 	SplitBurst(budget.Burst(), shares, floors, demand, scratchW, scratchB)
-	for i, s := range shares {
-		scratchB[i] = regionalBurst(budget, s, scratchB[i])
-	}
 }
 
 // DoormanProportional is Doorman's PROPORTIONAL_SHARE computed for all
