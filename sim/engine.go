@@ -512,33 +512,25 @@ func (r *Run) buildKeys() error {
 			k.reqs, k.burst = append(k.reqs, q), append(k.burst, b)
 		}
 	}
-	// One rule per key (descriptor value = the key's id): the policy the
-	// nodes resolve requests with is the one the coordinator's term budgets
-	// reported keys by (RuleForKey on the key's name).
-	if sc.Keys.SharedRules {
-		// One wildcard rule per distinct budget (no reloads: Validate).
-		var pol strings.Builder
-		pol.WriteString("domains:\n  - domain: sim\n    descriptors:\n")
-		for c, b := range classes {
-			fmt.Fprintf(&pol, "      - {key: c, value: \"%d\", descriptors: [{key: k, rate_limit: {period: %s, requests_per_unit: %d, burst: %d, failure_mode: %s}}]}\n",
-				c, b.period, b.reqs, b.burst, sc.FailureMode)
-		}
-		p, err := region.ParsePolicy([]byte(pol.String()))
-		if err != nil {
-			return fmt.Errorf("sim: build the policy: %w", err)
-		}
-		r.policies = append(r.policies, p)
-	}
+	// One rule per key (descriptor value = the key's id), or with
+	// SharedRules one wildcard rule per distinct budget (and no reloads:
+	// Validate): the policy the nodes resolve requests with is the one the
+	// coordinator's term budgets reported keys by (RuleForKey on the key's
+	// name).
 	for v := range len(r.reloads) + 1 {
-		if sc.Keys.SharedRules {
-			break
-		}
 		var pol strings.Builder
 		pol.WriteString("domains:\n  - domain: sim\n    descriptors:\n")
-		for i := range r.keys {
-			k := &r.keys[i]
-			fmt.Fprintf(&pol, "      - {key: k, value: %q, rate_limit: {period: %s, requests_per_unit: %d, burst: %d, failure_mode: %s}}\n",
-				k.value, k.period, k.reqs[v], k.burst[v], sc.FailureMode)
+		if sc.Keys.SharedRules {
+			for c, b := range classes {
+				fmt.Fprintf(&pol, "      - {key: c, value: \"%d\", descriptors: [{key: k, rate_limit: {period: %s, requests_per_unit: %d, burst: %d, failure_mode: %s}}]}\n",
+					c, b.period, b.reqs, b.burst, sc.FailureMode)
+			}
+		} else {
+			for i := range r.keys {
+				k := &r.keys[i]
+				fmt.Fprintf(&pol, "      - {key: k, value: %q, rate_limit: {period: %s, requests_per_unit: %d, burst: %d, failure_mode: %s}}\n",
+					k.value, k.period, k.reqs[v], k.burst[v], sc.FailureMode)
+			}
 		}
 		p, err := region.ParsePolicy([]byte(pol.String()))
 		if err != nil {

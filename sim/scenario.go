@@ -164,8 +164,8 @@ type KeysSpec struct {
 	// of 16 steps per doubling (at most 4.3 % lower) before it is rounded
 	// to whole requests per minute or hour, as every simulated budget is
 	// (a budget of a few requests an hour may lose one more), and its keys
-	// share a wildcard rule under a class descriptor, so the policy stays a few
-	// hundred rules at millions of keys (a rule per key is refused past
+	// share a wildcard rule under a class descriptor, so the policy stays a
+	// few hundred rules at millions of keys (a rule per key is refused past
 	// about 100,000: the policy file's node limit). Each key keeps its own
 	// budget, state and shares, as a tenant=* rule gives every tenant.
 	// It cannot be combined with policy reloads, which change budgets per
